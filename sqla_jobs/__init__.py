@@ -1,0 +1,46 @@
+"""sqla-jobs: a Postgres job queue in one table, as a SQLAlchemy 2.x ORM extension.
+
+Enqueue rides the caller's own ``Session``: the job exists if and only if that transaction commits.
+"""
+
+from __future__ import annotations
+
+from .backoff import Backoff
+from .errors import (
+    ConfigurationError,
+    DatabaseURLError,
+    EnqueueError,
+    InvalidOptionError,
+    InvalidPayloadError,
+    InvalidQueueNameError,
+    InvalidScheduleError,
+    PayloadTooLargeError,
+    RegistryError,
+    SqlaJobsError,
+    UnknownKindError,
+)
+from .jobs import Jobs
+from .kinds import Kind, KindOptions
+from .model import Job, JobHistory, JobState, metadata
+
+__all__ = [
+    "Backoff",
+    "ConfigurationError",
+    "DatabaseURLError",
+    "EnqueueError",
+    "InvalidOptionError",
+    "InvalidPayloadError",
+    "InvalidQueueNameError",
+    "InvalidScheduleError",
+    "Job",
+    "JobHistory",
+    "JobState",
+    "Jobs",
+    "Kind",
+    "KindOptions",
+    "PayloadTooLargeError",
+    "RegistryError",
+    "SqlaJobsError",
+    "UnknownKindError",
+    "metadata",
+]

@@ -1,0 +1,292 @@
+"""Enqueue into the caller's ``Session`` (sync) or ``AsyncSession``: never a connection of our own,
+never a commit. The job exists if and only if the caller's transaction commits.
+
+Everything that can be wrong with the input is checked before any SQL runs, so an error leaves the
+caller's transaction untouched and usable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
+from sqlalchemy.orm import Session
+
+from . import statements
+from .errors import (
+    InvalidOptionError,
+    InvalidPayloadError,
+    InvalidQueueNameError,
+    InvalidScheduleError,
+    PayloadTooLargeError,
+)
+from .kinds import Kind, Registry, check_name
+from .model import Job
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+_NOTIFIED_KEY = "sqla_jobs.notified"
+_INSERT_ONE = statements.insert_job().returning(Job)
+_INSERT_MANY = statements.insert_jobs()
+_NOTIFY = statements.notify()
+_ZERO = timedelta(0)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One validated job, ready to insert."""
+
+    kind: Kind
+    payload_json: str
+    queue: str
+    priority: int
+    max_attempts: int
+    max_crashes: int
+
+
+def serialize(kind: Kind, payload: BaseModel | Mapping[str, Any], max_bytes: int) -> str:
+    """Validate ``payload`` against ``kind.model`` and return its JSON text.
+
+    A model instance is serialized and validated back, so what is written is exactly what the worker
+    will accept (an instance built with ``model_construct`` or mutated after validation is caught
+    here, not in the worker).
+    """
+    model = kind.model
+    try:
+        if isinstance(payload, BaseModel):
+            if type(payload) is not model:
+                raise InvalidPayloadError(
+                    f"kind {kind.name!r} takes {model.__qualname__}, got {type(payload).__qualname__}"
+                )
+            data = payload.model_dump_json(warnings="error")
+            model.model_validate_json(data)
+        else:
+            data = model.model_validate(payload).model_dump_json()
+    except ValidationError as exc:
+        raise InvalidPayloadError(
+            f"payload for kind {kind.name!r} does not validate against {model.__qualname__}: "
+            f"{exc.error_count()} error(s): "
+            + "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()),
+            errors=[dict(e) for e in exc.errors()],
+        ) from None
+    except PydanticSerializationError as exc:
+        raise InvalidPayloadError(
+            f"payload for kind {kind.name!r} cannot be serialized as {model.__qualname__}: {exc}"
+        ) from None
+    size = len(data.encode())
+    if size > max_bytes:
+        raise PayloadTooLargeError(
+            f"payload for kind {kind.name!r} is {size} bytes, over the limit of {max_bytes}; "
+            "store large data in your own table and enqueue its id, or raise Jobs(max_payload_bytes=)"
+        )
+    return data
+
+
+def prepare(
+    registry: Registry,
+    payload: BaseModel | str,
+    data: Mapping[str, Any] | None,
+    *,
+    max_bytes: int,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+) -> Prepared:
+    """Resolve the kind, validate the payload and the options; no I/O."""
+    if isinstance(payload, str):
+        kind = registry.by_name(payload)
+        if data is None:
+            raise InvalidPayloadError(f"kind {payload!r} given by name needs its payload as a mapping")
+        body: BaseModel | Mapping[str, Any] = data
+    elif isinstance(payload, BaseModel):
+        kind = registry.by_model(type(payload))
+        if data is not None:
+            raise InvalidPayloadError("give either a payload model instance, or a kind name and a mapping")
+        body = payload
+    else:
+        raise InvalidPayloadError(
+            f"expected a registered pydantic model instance or a kind name, got {type(payload).__qualname__}"
+        )
+    opts = kind.options
+    q = opts.queue if queue is None else queue
+    if queue is not None:
+        try:
+            check_name("queue", queue)
+        except ValueError as exc:
+            raise InvalidQueueNameError(str(exc)) from None
+    p = opts.priority if priority is None else priority
+    if isinstance(p, bool) or not isinstance(p, int) or not -32768 <= p <= 32767:
+        raise InvalidOptionError(f"priority must be an int in [-32768, 32767], got {p!r}")
+    m = opts.max_attempts if max_attempts is None else max_attempts
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 2**31 - 1:
+        raise InvalidOptionError(f"max_attempts must be an int >= 1, got {m!r}")
+    return Prepared(
+        kind=kind,
+        payload_json=serialize(kind, body, max_bytes),
+        queue=q,
+        priority=p,
+        max_attempts=m,
+        max_crashes=opts.max_crashes,
+    )
+
+
+def schedule(delay: timedelta | float | None, run_at: datetime | None) -> tuple[datetime | None, timedelta]:
+    """Check ``delay``/``run_at`` and return the (run_at, delay) pair the insert binds.
+
+    The delay is added to the database's ``now()``; Python's clock is never read.
+    """
+    if delay is not None and run_at is not None:
+        raise InvalidScheduleError("give delay or run_at, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise InvalidScheduleError(f"run_at must be a datetime, got {type(run_at).__qualname__}")
+        if run_at.tzinfo is None or run_at.tzinfo.utcoffset(run_at) is None:
+            raise InvalidScheduleError(
+                "run_at is a naive datetime; pass an aware one (e.g. datetime.now(timezone.utc)) "
+                "or use delay=, which the database adds to its own clock"
+            )
+        return run_at, _ZERO
+    if delay is None:
+        return None, _ZERO
+    if isinstance(delay, bool) or not isinstance(delay, (timedelta, int, float)):
+        raise InvalidScheduleError(f"delay must be a timedelta or seconds, got {type(delay).__qualname__}")
+    if not isinstance(delay, timedelta):
+        if not math.isfinite(delay):
+            raise InvalidScheduleError(f"delay must be finite, got {delay!r}")
+        delay = timedelta(seconds=delay)
+    if delay < _ZERO:
+        raise InvalidScheduleError(f"delay must not be negative, got {delay}")
+    return None, delay
+
+
+def _one_params(job: Prepared, run_at: datetime | None, delay: timedelta) -> dict[str, Any]:
+    return {
+        "queue": job.queue,
+        "kind": job.kind.name,
+        "payload": job.payload_json,
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+        "max_crashes": job.max_crashes,
+        "run_at": run_at,
+        "delay": delay,
+    }
+
+
+def _many_params(jobs: list[Prepared], run_at: datetime | None, delay: timedelta) -> dict[str, Any]:
+    return {
+        "queues": [j.queue for j in jobs],
+        "kinds": [j.kind.name for j in jobs],
+        "payloads": [j.payload_json for j in jobs],
+        "priorities": [j.priority for j in jobs],
+        "max_attempts": [j.max_attempts for j in jobs],
+        "max_crashes": [j.max_crashes for j in jobs],
+        "run_at": run_at,
+        "delay": delay,
+    }
+
+
+def _exec_options(schema: str | None) -> dict[str, Any]:
+    return {} if schema is None else {"schema_translate_map": {None: schema}}
+
+
+def _queues_to_notify(session: Session, queues: Iterable[str]) -> list[str]:
+    """Queues not yet notified in the session's current (innermost) transaction.
+
+    Postgres folds identical notifications within a transaction anyway; tracking them here saves the
+    round trip. Keyed on the innermost transaction, so a rolled-back savepoint (whose NOTIFY is
+    discarded with it) cannot suppress the outer transaction's wakeup.
+    """
+    tx = session.get_nested_transaction() or session.get_transaction()
+    seen = session.info.get(_NOTIFIED_KEY)
+    if seen is None or seen[0] is not tx:
+        seen = (tx, set())
+        session.info[_NOTIFIED_KEY] = seen
+    fresh = [q for q in dict.fromkeys(queues) if q not in seen[1]]
+    seen[1].update(fresh)
+    return fresh
+
+
+def enqueue(
+    session: Session,
+    job: Prepared,
+    run_at: datetime | None,
+    delay: timedelta,
+    *,
+    schema: str | None,
+    channel: str,
+) -> Job:
+    """Insert one prepared job through ``session`` and queue its wakeup; returns the ``Job``."""
+    opts = _exec_options(schema)
+    row = session.scalars(_INSERT_ONE, _one_params(job, run_at, delay), execution_options=opts).one()
+    for q in _queues_to_notify(session, [job.queue]):
+        session.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
+    return row
+
+
+def enqueue_many(
+    session: Session,
+    jobs: list[Prepared],
+    run_at: datetime | None,
+    delay: timedelta,
+    *,
+    schema: str | None,
+    channel: str,
+) -> list[int]:
+    """Insert prepared jobs in one statement through ``session``; returns their ids in order."""
+    if not jobs:
+        return []
+    opts = _exec_options(schema)
+    ids = list(
+        session.scalars(_INSERT_MANY, _many_params(jobs, run_at, delay), execution_options=opts)
+    )
+    for q in _queues_to_notify(session, [j.queue for j in jobs]):
+        session.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
+    return ids
+
+
+async def enqueue_async(
+    session: AsyncSession,
+    job: Prepared,
+    run_at: datetime | None,
+    delay: timedelta,
+    *,
+    schema: str | None,
+    channel: str,
+) -> Job:
+    """:func:`enqueue` for an ``AsyncSession``."""
+    opts = _exec_options(schema)
+    result = await session.scalars(
+        _INSERT_ONE, _one_params(job, run_at, delay), execution_options=opts
+    )
+    row = result.one()
+    for q in _queues_to_notify(session.sync_session, [job.queue]):
+        await session.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
+    return row
+
+
+async def enqueue_many_async(
+    session: AsyncSession,
+    jobs: list[Prepared],
+    run_at: datetime | None,
+    delay: timedelta,
+    *,
+    schema: str | None,
+    channel: str,
+) -> list[int]:
+    """:func:`enqueue_many` for an ``AsyncSession``."""
+    if not jobs:
+        return []
+    opts = _exec_options(schema)
+    result = await session.scalars(
+        _INSERT_MANY, _many_params(jobs, run_at, delay), execution_options=opts
+    )
+    ids = list(result)
+    for q in _queues_to_notify(session.sync_session, [j.queue for j in jobs]):
+        await session.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
+    return ids

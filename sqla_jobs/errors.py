@@ -1,0 +1,60 @@
+"""One exception hierarchy, rooted at :class:`SqlaJobsError`.
+
+Every message names the thing that was wrong and what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class SqlaJobsError(Exception):
+    """Base class of every error raised by sqla-jobs."""
+
+
+class ConfigurationError(SqlaJobsError):
+    """A setting cannot work (for example a lease shorter than the kind's timeout)."""
+
+
+class RegistryError(SqlaJobsError):
+    """A kind was registered twice, or a registration is malformed."""
+
+
+class EnqueueError(SqlaJobsError):
+    """Base class of the errors :meth:`Jobs.enqueue` raises before any SQL runs.
+
+    When one of these is raised nothing was written and the caller's transaction is still usable.
+    """
+
+
+class UnknownKindError(EnqueueError):
+    """The payload's model (or the kind string) is not registered with this ``Jobs``."""
+
+
+class InvalidPayloadError(EnqueueError):
+    """The payload does not validate against its kind's model.
+
+    ``errors`` holds pydantic's structured error list.
+    """
+
+    def __init__(self, message: str, errors: list[dict[str, object]] | None = None) -> None:
+        super().__init__(message)
+        self.errors = errors or []
+
+
+class PayloadTooLargeError(EnqueueError):
+    """The serialized payload is larger than ``Jobs(max_payload_bytes=...)``."""
+
+
+class InvalidQueueNameError(EnqueueError):
+    """A queue name outside the safe character set or length."""
+
+
+class InvalidScheduleError(EnqueueError):
+    """A naive ``run_at``, a negative ``delay``, or both given at once."""
+
+
+class InvalidOptionError(EnqueueError):
+    """An enqueue option out of range (priority, max_attempts)."""
+
+
+class DatabaseURLError(SqlaJobsError):
+    """A database URL that cannot be used (wrong scheme, unparseable)."""

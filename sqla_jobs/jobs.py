@@ -1,0 +1,213 @@
+"""``Jobs``: the facade an application holds: its kinds, and enqueue into the caller's session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, overload
+
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
+
+from . import enqueue as _enqueue
+from .errors import ConfigurationError
+from .kinds import H, Handler, Kind, Registry, check_name
+from .model import Job, notify_channel
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+
+
+class Jobs(Registry):
+    """The job kinds of an application, and the enqueue calls that ride the caller's transaction.
+
+    ``schema`` names the schema that holds the queue table (default: the connection's
+    ``search_path``); it must match the schema the migrations ran in. ``max_payload_bytes`` bounds the
+    serialized payload (keep big data in your own tables and enqueue its id).
+    """
+
+    def __init__(
+        self, *, schema: str | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    ) -> None:
+        super().__init__()
+        if schema is not None:
+            try:
+                check_name("schema", schema)
+            except ValueError as exc:
+                raise ConfigurationError(str(exc)) from None
+        if max_payload_bytes < 2:
+            raise ConfigurationError("max_payload_bytes must be at least 2 (the JSON '{}')")
+        self.schema = schema
+        self.max_payload_bytes = max_payload_bytes
+        #: The LISTEN/NOTIFY channel workers of this schema listen on.
+        self.channel = notify_channel(schema)
+
+    # -- registration (see Registry.register / Registry.kind) ---------------------------------
+
+    def register(
+        self, name: str, model: type[BaseModel], handler: Handler | None = None, **options: Any
+    ) -> Kind:
+        """Register ``model`` as the payload of kind ``name``, with its handler and options.
+
+        Options: ``queue``, ``priority`` (lower runs first), ``max_attempts`` (handler failures before
+        dead), ``max_crashes`` (expired leases before dead), ``backoff`` (:class:`Backoff`),
+        ``timeout`` (seconds). The kind string is what is stored: renaming the class is safe.
+        A process that only enqueues may register without a handler.
+        """
+        return super().register(name, model, handler, **options)
+
+    def kind(self, name: str, model: type[BaseModel], **options: Any) -> Callable[[H], H]:
+        """Decorator: register the decorated function as the handler of kind ``name``."""
+        return super().kind(name, model, **options)
+
+    # -- enqueue --------------------------------------------------------------------------------
+
+    @overload
+    def enqueue(
+        self,
+        session: Session,
+        payload: BaseModel,
+        *,
+        delay: timedelta | float | None = ...,
+        run_at: datetime | None = ...,
+        priority: int | None = ...,
+        queue: str | None = ...,
+        max_attempts: int | None = ...,
+    ) -> Job: ...
+
+    @overload
+    def enqueue(
+        self,
+        session: Session,
+        payload: str,
+        data: dict[str, Any],
+        *,
+        delay: timedelta | float | None = ...,
+        run_at: datetime | None = ...,
+        priority: int | None = ...,
+        queue: str | None = ...,
+        max_attempts: int | None = ...,
+    ) -> Job: ...
+
+    def enqueue(
+        self,
+        session: Session,
+        payload: BaseModel | str,
+        data: dict[str, Any] | None = None,
+        *,
+        delay: timedelta | float | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+    ) -> Job:
+        """Add a job to ``session``'s transaction and return it, flushed (its ``id`` is set).
+
+        ``payload`` is an instance of a registered model, or a kind name followed by a mapping.
+        Guarantees: opens no connection and never commits; the job exists if and only if the
+        caller's transaction commits (a rollback, of the transaction or of a savepoint around the
+        call, discards it). Workers are woken by a NOTIFY that Postgres delivers only at commit, sent
+        at most once per queue per transaction and never carrying the payload. ``delay`` is added
+        to the database clock; ``run_at`` must be timezone-aware. On bad input an
+        :class:`EnqueueError` subclass is raised before any SQL runs: nothing is written and the
+        transaction stays usable.
+        """
+        prepared = _enqueue.prepare(
+            self,
+            payload,
+            data,
+            max_bytes=self.max_payload_bytes,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+        )
+        when, after = _enqueue.schedule(delay, run_at)
+        return _enqueue.enqueue(session, prepared, when, after, schema=self.schema, channel=self.channel)
+
+    def enqueue_many(
+        self,
+        session: Session,
+        payloads: Iterable[BaseModel],
+        *,
+        delay: timedelta | float | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+    ) -> list[int]:
+        """Add many jobs to ``session``'s transaction in one INSERT; return their ids in order.
+
+        Same guarantees as :meth:`enqueue`. Every payload is validated before the statement runs: one
+        bad payload raises and writes none of them. Payloads may be of different kinds.
+        """
+        prepared = self._prepare_many(payloads, priority, queue, max_attempts)
+        when, after = _enqueue.schedule(delay, run_at)
+        return _enqueue.enqueue_many(
+            session, prepared, when, after, schema=self.schema, channel=self.channel
+        )
+
+    async def enqueue_async(
+        self,
+        session: AsyncSession,
+        payload: BaseModel,
+        *,
+        delay: timedelta | float | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+    ) -> Job:
+        """:meth:`enqueue` for an ``AsyncSession``, with the same guarantees."""
+        prepared = _enqueue.prepare(
+            self,
+            payload,
+            None,
+            max_bytes=self.max_payload_bytes,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+        )
+        when, after = _enqueue.schedule(delay, run_at)
+        return await _enqueue.enqueue_async(
+            session, prepared, when, after, schema=self.schema, channel=self.channel
+        )
+
+    async def enqueue_many_async(
+        self,
+        session: AsyncSession,
+        payloads: Iterable[BaseModel],
+        *,
+        delay: timedelta | float | None = None,
+        run_at: datetime | None = None,
+        priority: int | None = None,
+        queue: str | None = None,
+        max_attempts: int | None = None,
+    ) -> list[int]:
+        """:meth:`enqueue_many` for an ``AsyncSession``, with the same guarantees."""
+        prepared = self._prepare_many(payloads, priority, queue, max_attempts)
+        when, after = _enqueue.schedule(delay, run_at)
+        return await _enqueue.enqueue_many_async(
+            session, prepared, when, after, schema=self.schema, channel=self.channel
+        )
+
+    def _prepare_many(
+        self,
+        payloads: Iterable[BaseModel],
+        priority: int | None,
+        queue: str | None,
+        max_attempts: int | None,
+    ) -> list[_enqueue.Prepared]:
+        return [
+            _enqueue.prepare(
+                self,
+                p,
+                None,
+                max_bytes=self.max_payload_bytes,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+            )
+            for p in payloads
+        ]

@@ -1,0 +1,355 @@
+"""The only home of SQL: pure builders of Core statements, no I/O.
+
+Each function builds one statement, named by its verb; the docstring says what it locks, what it
+returns and which index serves it. ``tests/unit/test_statements.py`` compiles every one for
+PostgreSQL and compares it with ``tests/sql/<name>.sql``, so a change here is a plain diff in review.
+
+Time always comes from the database (``now()``): a bound ``timedelta`` is only ever added to it.
+
+State constants are rendered as SQL literals, never bound: the claim index is partial
+(``WHERE state = 'pending'``) and the planner can only prove a *generic* plan (what psycopg's
+prepared statements run after five executions) uses it when the predicate's value is in the text.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Boolean,
+    ColumnElement,
+    Delete,
+    Float,
+    Insert,
+    Interval,
+    Select,
+    Text,
+    Update,
+    and_,
+    bindparam,
+    case,
+    cast,
+    delete,
+    func,
+    insert,
+    literal_column,
+    null,
+    or_,
+    select,
+    text,
+    update,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.sql.elements import BindParameter
+
+from .model import MAX_ERROR_CHARS, Job, JobHistory
+
+job = Job.__table__
+history = JobHistory.__table__
+
+PENDING = literal_column("'pending'")
+RUNNING = literal_column("'running'")
+DEAD = literal_column("'dead'")
+ONE_SECOND = literal_column("interval '1 second'")
+
+#: Columns a worker needs from a claimed job.
+CLAIMED_COLUMNS = (
+    job.c.id,
+    job.c.queue,
+    job.c.kind,
+    job.c.payload,
+    job.c.priority,
+    job.c.attempts,
+    job.c.max_attempts,
+    job.c.crashes,
+    job.c.max_crashes,
+    job.c.lease_token,
+    job.c.created_at,
+)
+
+
+def _ids() -> BindParameter[list[int]]:
+    return bindparam("ids", type_=ARRAY(BigInteger))
+
+
+def _tokens() -> BindParameter[list[object]]:
+    return bindparam("tokens", type_=ARRAY(UUID(as_uuid=True)))
+
+
+def _fenced() -> ColumnElement[bool]:
+    # Tokens are fresh random UUIDs per claim, so a row whose current token is in the list was
+    # claimed by this caller: matching ids and tokens as two sets is exact, and the primary key
+    # serves it.
+    return and_(job.c.id == func.any(_ids()), job.c.lease_token == func.any(_tokens()))
+
+
+def _run_at() -> ColumnElement[object]:
+    return func.coalesce(
+        bindparam("run_at", type_=job.c.run_at.type),
+        func.now() + bindparam("delay", type_=Interval),
+    )
+
+
+def insert_job() -> Insert:
+    """Insert one job; returns the row as a ``Job`` when executed through an ORM ``Session``.
+
+    Parameters: queue, kind, payload (JSON text), priority, max_attempts, max_crashes, and either
+    run_at (aware datetime) or delay (timedelta, added to the database's ``now()``). Locks nothing
+    beyond the new row.
+    """
+    return insert(Job).values(
+        queue=bindparam("queue", type_=Text),
+        kind=bindparam("kind", type_=Text),
+        payload=cast(bindparam("payload", type_=Text), JSONB),
+        priority=bindparam("priority"),
+        max_attempts=bindparam("max_attempts"),
+        max_crashes=bindparam("max_crashes"),
+        run_at=_run_at(),
+    )
+
+
+def insert_jobs() -> Insert:
+    """Insert many jobs in one statement from parallel arrays (``unnest``); returns their ids.
+
+    Parameters: arrays of equal length queues, kinds, payloads (JSON text), priorities,
+    max_attempts, max_crashes; and one run_at or delay for all, as in :func:`insert_job`. One round
+    trip whatever the count, and no 65,535-parameter limit, because each column is one array.
+    """
+    rows = func.unnest(
+        bindparam("queues", type_=ARRAY(Text)),
+        bindparam("kinds", type_=ARRAY(Text)),
+        bindparam("payloads", type_=ARRAY(Text)),
+        bindparam("priorities", type_=ARRAY(BigInteger)),
+        bindparam("max_attempts", type_=ARRAY(BigInteger)),
+        bindparam("max_crashes", type_=ARRAY(BigInteger)),
+    ).table_valued("queue", "kind", "payload", "priority", "max_attempts", "max_crashes").render_derived(name="r")
+    src = select(
+        rows.c.queue,
+        rows.c.kind,
+        cast(rows.c.payload, JSONB),
+        rows.c.priority,
+        rows.c.max_attempts,
+        rows.c.max_crashes,
+        _run_at(),
+    ).select_from(rows)
+    return (
+        insert(job)
+        .from_select(
+            ["queue", "kind", "payload", "priority", "max_attempts", "max_crashes", "run_at"], src
+        )
+        .returning(job.c.id)
+    )
+
+
+def notify() -> Select[tuple[object]]:
+    """Queue a wakeup on ``channel`` carrying the queue name (never the payload: NOTIFY caps
+    payloads at 8000 bytes). Delivered only when the surrounding transaction commits."""
+    return select(func.pg_notify(bindparam("channel", type_=Text), bindparam("queue", type_=Text)))
+
+
+def claim() -> Update:
+    """Claim up to ``limit`` due jobs of ``queue`` for ``worker``, in one atomic statement.
+
+    Locks the claimed rows (``FOR UPDATE SKIP LOCKED``: rows another worker holds are stepped over,
+    never waited for); sets them ``running`` with a fresh lease token and a lease of ``lease`` from
+    the database's ``now()``, and counts the attempt now, at claim time, so a job that kills its
+    worker cannot be retried forever. Returns :data:`CLAIMED_COLUMNS`. Served by
+    ``sqla_jobs_job_claim_idx`` (partial, pending rows only): an ordered index scan, no sort.
+    """
+    # MATERIALIZED fences the selection: the UPDATE joins against exactly the rows the LIMIT kept.
+    # Without a fence the planner may fold the subquery into the UPDATE and re-evaluate it, updating
+    # more rows than the limit (or locking rows it then discards).
+    picked = (
+        select(job.c.id)
+        .where(
+            job.c.state == PENDING,
+            job.c.queue == bindparam("queue", type_=Text),
+            job.c.run_at <= func.now(),
+        )
+        .order_by(job.c.priority, job.c.run_at, job.c.id)
+        .limit(bindparam("limit", type_=BigInteger))
+        .with_for_update(skip_locked=True)
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    return (
+        update(job)
+        .where(job.c.id == picked.c.id)
+        .values(
+            state=RUNNING,
+            attempts=job.c.attempts + 1,
+            lease_token=func.gen_random_uuid(),
+            lease_expires_at=func.now() + bindparam("lease", type_=Interval),
+            locked_by=bindparam("worker", type_=Text),
+        )
+        .returning(*CLAIMED_COLUMNS)
+    )
+
+
+def complete() -> Delete:
+    """Delete the finished jobs ``ids`` whose lease is still ``tokens``; returns the deleted ids.
+
+    Fenced: a job whose lease expired and was re-claimed carries another token and is left alone.
+    Locks the deleted rows; served by the primary key.
+    """
+    return delete(job).where(_fenced()).returning(job.c.id)
+
+
+def complete_into_history() -> Insert:
+    """Like :func:`complete`, and copy each deleted job into ``sqla_jobs_history`` in the same
+    statement; returns the ids kept."""
+    done = delete(job).where(_fenced()).returning(*[job.c[c] for c in _HISTORY_COLUMNS]).cte("done")
+    return (
+        insert(history)
+        .from_select(list(_HISTORY_COLUMNS), select(*[done.c[c] for c in _HISTORY_COLUMNS]))
+        .returning(history.c.id)
+    )
+
+
+_HISTORY_COLUMNS = ("id", "queue", "kind", "payload", "attempts", "crashes", "created_at")
+
+
+def fail() -> Update:
+    """Record a handler failure of job ``id`` under lease ``token``: one statement for both outcomes.
+
+    ``dead`` when ``force_dead`` is true (a payload that can never validate) or the failure budget is
+    spent (``attempts - crashes >= max_attempts``); otherwise back to ``pending`` with ``run_at`` pushed
+    out by the database: ``least(power(base, failures), cap)`` seconds, times ``1 + jitter * random()``.
+    ``exp_cap`` bounds the exponent so ``power()`` cannot overflow. ``last_error`` is truncated to 500
+    characters. Fenced on the lease token; returns state, run_at, attempts, crashes (no row: the lease
+    was lost). Locks the row; served by the primary key.
+    """
+    failures = job.c.attempts - job.c.crashes
+    is_dead = or_(bindparam("force_dead", type_=Boolean), failures >= job.c.max_attempts)
+    delay_seconds = func.least(
+        func.power(
+            bindparam("base", type_=Float),
+            func.least(failures, bindparam("exp_cap", type_=BigInteger)),
+        ),
+        bindparam("cap", type_=Float),
+    ) * (1 + bindparam("jitter", type_=Float) * func.random())
+    return (
+        update(job)
+        .where(job.c.id == bindparam("id", type_=BigInteger))
+        .where(job.c.lease_token == bindparam("token", type_=UUID(as_uuid=True)))
+        .values(
+            state=case((is_dead, DEAD), else_=PENDING),
+            run_at=case((is_dead, job.c.run_at), else_=func.now() + delay_seconds * ONE_SECOND),
+            last_error=func.left(bindparam("error", type_=Text), MAX_ERROR_CHARS),
+            lease_token=null(),
+            lease_expires_at=null(),
+            locked_by=null(),
+        )
+        .returning(job.c.state, job.c.run_at, job.c.attempts, job.c.crashes)
+    )
+
+
+def heartbeat() -> Update:
+    """Extend the leases of ``ids`` still held under ``tokens`` to ``now() + lease``; returns the ids
+    whose lease was extended (a missing id: the lease was lost to the reaper).
+
+    Touches only ``lease_expires_at``, which no index covers, so the update can be HOT.
+    """
+    return (
+        update(job)
+        .where(_fenced())
+        .values(lease_expires_at=func.now() + bindparam("lease", type_=Interval))
+        .returning(job.c.id)
+    )
+
+
+def release() -> Update:
+    """Give back jobs this worker claimed but will not finish (graceful shutdown).
+
+    Back to ``pending`` at their old place in line, lease cleared, and the claim's attempt undone:
+    a release is neither a failure nor a crash. Fenced on the tokens; returns the released ids.
+    """
+    return (
+        update(job)
+        .where(_fenced())
+        .values(
+            state=PENDING,
+            attempts=func.greatest(job.c.attempts - 1, 0),
+            lease_token=null(),
+            lease_expires_at=null(),
+            locked_by=null(),
+        )
+        .returning(job.c.id)
+    )
+
+
+def reap() -> Update:
+    """Return up to ``limit`` jobs whose lease expired to ``pending``, or ``dead`` once their crash
+    budget (``max_crashes``) is spent; counts the crash, not a handler failure.
+
+    Safe with several reapers at once: the selection skips rows another reaper (or a heartbeat)
+    holds. Served by ``sqla_jobs_job_running_idx`` (running rows only). Returns id, kind, state,
+    crashes and the worker that lost the lease.
+    """
+    expired = (
+        select(job.c.id, job.c.locked_by)
+        .where(job.c.state == RUNNING, job.c.lease_expires_at < func.now())
+        .order_by(job.c.lease_expires_at)
+        .limit(bindparam("limit", type_=BigInteger))
+        .with_for_update(skip_locked=True)
+        .cte("expired")
+        .prefix_with("MATERIALIZED")
+    )
+    spent = job.c.crashes + 1 >= job.c.max_crashes
+    return (
+        update(job)
+        .where(job.c.id == expired.c.id)
+        .values(
+            state=case((spent, DEAD), else_=PENDING),
+            crashes=job.c.crashes + 1,
+            run_at=func.now(),
+            last_error=func.left(
+                "lease expired: worker " + func.coalesce(job.c.locked_by, "?") + " stopped heartbeating",
+                MAX_ERROR_CHARS,
+            ),
+            lease_token=null(),
+            lease_expires_at=null(),
+            locked_by=null(),
+        )
+        .returning(job.c.id, job.c.kind, job.c.state, job.c.crashes, expired.c.locked_by)
+    )
+
+
+def stats_by_queue() -> Select[tuple[str, str, int, object]]:
+    """Count jobs per queue and state, with the age of the oldest *due* pending job (the true
+    queue latency). A full scan of the (small, history-free) table; no locks."""
+    due_age = func.max(func.now() - job.c.run_at).filter(
+        and_(job.c.state == PENDING, job.c.run_at <= func.now())
+    )
+    return (
+        select(job.c.queue, job.c.state, func.count().label("jobs"), due_age.label("oldest_due"))
+        .group_by(job.c.queue, job.c.state)
+        .order_by(job.c.queue, job.c.state)
+    )
+
+
+def table_health() -> Select[tuple[object, ...]]:
+    """Dead tuples, live tuples, last (auto)vacuum and size of the queue table in ``schema``
+    (NULL: the first schema of the search_path), from ``pg_stat_user_tables``."""
+    return select(
+        text(
+            "n_live_tup, n_dead_tup, last_autovacuum, last_vacuum, autovacuum_count, "
+            "pg_total_relation_size(relid) AS total_bytes "
+            "FROM pg_stat_user_tables "
+            "WHERE relname = 'sqla_jobs_job' "
+            "AND schemaname = coalesce(CAST(:schema AS text), current_schema())"
+        )
+    )
+
+
+def oldest_transaction() -> Select[tuple[object, ...]]:
+    """The oldest open transaction holding back the xmin horizon (its age, pid, state, and the
+    first 100 characters of its query): what stops vacuum from removing the queue's dead tuples."""
+    return select(
+        text(
+            "now() - xact_start AS age, pid, state, left(query, 100) AS query "
+            "FROM pg_stat_activity "
+            "WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() "
+            "ORDER BY xact_start LIMIT 1"
+        )
+    )
