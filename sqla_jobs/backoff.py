@@ -7,6 +7,7 @@ schedule. :meth:`Backoff.delay` mirrors the SQL for documentation and tests.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .errors import ConfigurationError
@@ -38,12 +39,25 @@ class Backoff:
         """Seconds to wait after the ``failures``-th failure, before jitter."""
         if failures < 0:
             raise ValueError("failures must be >= 0")
-        # Same order of operations as the SQL: power() then least(), so huge exponents saturate.
-        try:
-            raw = self.base**failures
-        except OverflowError:
-            return self.cap_seconds
-        return min(raw, self.cap_seconds)
+        # Same operations as the SQL: the exponent bounded by exp_cap, then power(), then least().
+        return min(self.base ** min(failures, self.exp_cap), self.cap_seconds)
+
+    @property
+    def exp_cap(self) -> int:
+        """The largest exponent the SQL needs: past it ``base ** n`` exceeds the cap anyway, and
+        bounding it keeps ``power()`` from overflowing a double."""
+        if self.base == 1 or self.cap_seconds <= 1:
+            return 1
+        return min(1000, math.ceil(math.log(self.cap_seconds) / math.log(self.base)) + 1)
+
+    def sql_params(self) -> dict[str, float | int]:
+        """The bound parameters of :func:`sqla_jobs.statements.fail` for this policy."""
+        return {
+            "base": self.base,
+            "cap": self.cap_seconds,
+            "jitter": self.jitter,
+            "exp_cap": self.exp_cap,
+        }
 
     def bounds(self, failures: int) -> tuple[float, float]:
         """The interval the database may pick from, jitter included: ``[delay, delay * (1 + jitter)]``."""

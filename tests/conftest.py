@@ -1,0 +1,87 @@
+"""Shared fixtures: a real PostgreSQL, a throw-away database per test session, migrated once.
+
+The server is ``DATABASE_URL`` when it is set, else an embedded PostgreSQL started for the session
+and stopped at its end. Each session (each xdist worker, each checkout) creates its own database
+with a random name and drops it when done, so runs never see each other.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.pool import NullPool
+
+from sqla_jobs._db import database_url, sqlalchemy_url, with_database
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def alembic_config(url: str) -> Config:
+    """The repository's alembic.ini, pointed at ``url``."""
+    cfg = Config(str(REPO / "alembic.ini"))
+    cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    return cfg
+
+
+def create_database(server_url: str, prefix: str = "sqla_jobs_test") -> str:
+    """Create a database with a unique name on the server; return its URL."""
+    name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
+    admin = create_engine(sqlalchemy_url(server_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return with_database(server_url, name)
+
+
+def drop_database(server_url: str, url: str) -> None:
+    """Drop the database ``url`` names, disconnecting whoever is still in it."""
+    name = create_engine(sqlalchemy_url(url)).url.database
+    admin = create_engine(sqlalchemy_url(server_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def server_url() -> Iterator[str]:
+    """URL of the PostgreSQL server under test (any database on it)."""
+    with database_url() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def db_url(server_url: str) -> Iterator[str]:
+    """A fresh, empty database for this test session."""
+    url = create_database(server_url)
+    yield url
+    drop_database(server_url, url)
+
+
+@pytest.fixture(scope="session")
+def migrated_url(db_url: str) -> str:
+    """``db_url`` after ``alembic upgrade head``."""
+    command.upgrade(alembic_config(db_url), "head")
+    return db_url
+
+
+@pytest.fixture(scope="session")
+def engine(migrated_url: str) -> Iterator[Engine]:
+    """An engine on the migrated database."""
+    eng = create_engine(sqlalchemy_url(migrated_url))
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def clean(engine: Engine) -> Engine:
+    """The engine, with the queue and history tables emptied first."""
+    with engine.begin() as conn:
+        conn.execute(text("TRUNCATE sqla_jobs_job, sqla_jobs_history"))
+    return engine
