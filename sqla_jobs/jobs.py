@@ -124,7 +124,9 @@ class Jobs(Registry):
             max_attempts=max_attempts,
         )
         when, after = _enqueue.schedule(delay, run_at)
-        return _enqueue.enqueue(session, prepared, when, after, schema=self.schema, channel=self.channel)
+        return _enqueue.enqueue(
+            session, prepared, when, after, schema=self.schema, channel=self.channel
+        )
 
     def enqueue_many(
         self,

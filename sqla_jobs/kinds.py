@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 M = TypeVar("M", bound=BaseModel)
 #: A handler takes the validated payload and the job's context; it may be sync or async.
-Handler = Callable[[Any, "JobContext"], Union[Awaitable[object], object]]
+Handler = Callable[[Any, "JobContext"], Awaitable[object] | object]
 H = TypeVar("H", bound=Handler)
 
 #: Queue and kind names: a safe character set, bounded. They are always bound parameters, never

@@ -13,18 +13,20 @@ prepared statements run after five executions) uses it when the predicate's valu
 
 from __future__ import annotations
 
+import typing
+from typing import TYPE_CHECKING, Any
+
 from sqlalchemy import (
     ARRAY,
     BigInteger,
     Boolean,
     ColumnElement,
-    Delete,
     Float,
     Insert,
     Interval,
     Select,
+    Table,
     Text,
-    Update,
     and_,
     bindparam,
     case,
@@ -40,17 +42,27 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import BindParameter
 
 from .model import MAX_ERROR_CHARS, Job, JobHistory
 
-job = Job.__table__
-history = JobHistory.__table__
+if TYPE_CHECKING:
+    from typing import TypeAlias
 
-PENDING = literal_column("'pending'")
-RUNNING = literal_column("'running'")
-DEAD = literal_column("'dead'")
-ONE_SECOND = literal_column("interval '1 second'")
+    from typing_extensions import Unpack
+
+    AnyInsert: TypeAlias = ReturningInsert[Unpack[tuple[Any, ...]]]
+    AnyUpdate: TypeAlias = ReturningUpdate[Unpack[tuple[Any, ...]]]
+    AnyDelete: TypeAlias = ReturningDelete[Unpack[tuple[Any, ...]]]
+
+job = typing.cast(Table, Job.__table__)
+history = typing.cast(Table, JobHistory.__table__)
+
+PENDING: ColumnElement[str] = literal_column("'pending'")
+RUNNING: ColumnElement[str] = literal_column("'running'")
+DEAD: ColumnElement[str] = literal_column("'dead'")
+ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
 
 #: Columns a worker needs from a claimed job.
 CLAIMED_COLUMNS = (
@@ -68,11 +80,11 @@ CLAIMED_COLUMNS = (
 )
 
 
-def _ids() -> BindParameter[list[int]]:
-    return bindparam("ids", type_=ARRAY(BigInteger))
+def _ids() -> BindParameter[Any]:
+    return bindparam("ids", type_=ARRAY(BigInteger()))
 
 
-def _tokens() -> BindParameter[list[object]]:
+def _tokens() -> BindParameter[Any]:
     return bindparam("tokens", type_=ARRAY(UUID(as_uuid=True)))
 
 
@@ -108,21 +120,25 @@ def insert_job() -> Insert:
     )
 
 
-def insert_jobs() -> Insert:
+def insert_jobs() -> AnyInsert:
     """Insert many jobs in one statement from parallel arrays (``unnest``); returns their ids.
 
     Parameters: arrays of equal length queues, kinds, payloads (JSON text), priorities,
     max_attempts, max_crashes; and one run_at or delay for all, as in :func:`insert_job`. One round
     trip whatever the count, and no 65,535-parameter limit, because each column is one array.
     """
-    rows = func.unnest(
-        bindparam("queues", type_=ARRAY(Text)),
-        bindparam("kinds", type_=ARRAY(Text)),
-        bindparam("payloads", type_=ARRAY(Text)),
-        bindparam("priorities", type_=ARRAY(BigInteger)),
-        bindparam("max_attempts", type_=ARRAY(BigInteger)),
-        bindparam("max_crashes", type_=ARRAY(BigInteger)),
-    ).table_valued("queue", "kind", "payload", "priority", "max_attempts", "max_crashes").render_derived(name="r")
+    rows = (
+        func.unnest(
+            bindparam("queues", type_=ARRAY(Text)),
+            bindparam("kinds", type_=ARRAY(Text)),
+            bindparam("payloads", type_=ARRAY(Text)),
+            bindparam("priorities", type_=ARRAY(BigInteger)),
+            bindparam("max_attempts", type_=ARRAY(BigInteger)),
+            bindparam("max_crashes", type_=ARRAY(BigInteger)),
+        )
+        .table_valued("queue", "kind", "payload", "priority", "max_attempts", "max_crashes")
+        .render_derived(name="r")
+    )
     src = select(
         rows.c.queue,
         rows.c.kind,
@@ -147,7 +163,7 @@ def notify() -> Select[tuple[object]]:
     return select(func.pg_notify(bindparam("channel", type_=Text), bindparam("queue", type_=Text)))
 
 
-def claim() -> Update:
+def claim() -> AnyUpdate:
     """Claim up to ``limit`` due jobs of ``queue`` for ``worker``, in one atomic statement.
 
     Locks the claimed rows (``FOR UPDATE SKIP LOCKED``: rows another worker holds are stepped over,
@@ -186,7 +202,7 @@ def claim() -> Update:
     )
 
 
-def complete() -> Delete:
+def complete() -> AnyDelete:
     """Delete the finished jobs ``ids`` whose lease is still ``tokens``; returns the deleted ids.
 
     Fenced: a job whose lease expired and was re-claimed carries another token and is left alone.
@@ -195,7 +211,7 @@ def complete() -> Delete:
     return delete(job).where(_fenced()).returning(job.c.id)
 
 
-def complete_into_history() -> Insert:
+def complete_into_history() -> AnyInsert:
     """Like :func:`complete`, and copy each deleted job into ``sqla_jobs_history`` in the same
     statement; returns the ids kept."""
     done = delete(job).where(_fenced()).returning(*[job.c[c] for c in _HISTORY_COLUMNS]).cte("done")
@@ -209,7 +225,7 @@ def complete_into_history() -> Insert:
 _HISTORY_COLUMNS = ("id", "queue", "kind", "payload", "attempts", "crashes", "created_at")
 
 
-def fail() -> Update:
+def fail() -> AnyUpdate:
     """Record a handler failure of job ``id`` under lease ``token``: one statement for both outcomes.
 
     ``dead`` when ``force_dead`` is true (a payload that can never validate) or the failure budget is
@@ -244,7 +260,7 @@ def fail() -> Update:
     )
 
 
-def heartbeat() -> Update:
+def heartbeat() -> AnyUpdate:
     """Extend the leases of ``ids`` still held under ``tokens`` to ``now() + lease``; returns the ids
     whose lease was extended (a missing id: the lease was lost to the reaper).
 
@@ -258,7 +274,7 @@ def heartbeat() -> Update:
     )
 
 
-def release() -> Update:
+def release() -> AnyUpdate:
     """Give back jobs this worker claimed but will not finish (graceful shutdown).
 
     Back to ``pending`` at their old place in line, lease cleared, and the claim's attempt undone:
@@ -278,7 +294,7 @@ def release() -> Update:
     )
 
 
-def reap() -> Update:
+def reap() -> AnyUpdate:
     """Return up to ``limit`` jobs whose lease expired to ``pending``, or ``dead`` once their crash
     budget (``max_crashes``) is spent; counts the crash, not a handler failure.
 
@@ -304,7 +320,9 @@ def reap() -> Update:
             crashes=job.c.crashes + 1,
             run_at=func.now(),
             last_error=func.left(
-                "lease expired: worker " + func.coalesce(job.c.locked_by, "?") + " stopped heartbeating",
+                "lease expired: worker "
+                + func.coalesce(job.c.locked_by, "?")
+                + " stopped heartbeating",
                 MAX_ERROR_CHARS,
             ),
             lease_token=null(),

@@ -1,0 +1,54 @@
+"""The worker's statements, compiled once from :mod:`sqla_jobs.statements` for psycopg.
+
+The worker runs on raw psycopg connections (a dedicated LISTEN connection and a couple of working
+ones) rather than an engine: each statement is compiled once here, in the configured schema, and
+executed by psycopg, which prepares it server-side after a few runs. The SQL text is still the one
+the Core builders produce, and that ``tests/sql/*.sql`` pins down.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
+from sqlalchemy.sql import ClauseElement
+
+from . import statements
+
+_DIALECT = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
+
+
+@dataclass(frozen=True)
+class Compiled:
+    """A statement's SQL text (``%(name)s`` placeholders) and its constant parameters."""
+
+    sql: str
+    defaults: dict[str, Any]
+
+    def params(self, **values: Any) -> dict[str, Any]:
+        """The full parameter dict: the constants the compiler pulled out, plus ``values``."""
+        return {**self.defaults, **values}
+
+
+def compile_statement(stmt: ClauseElement, schema: str | None) -> Compiled:
+    """Compile ``stmt`` for psycopg, with the queue table in ``schema``."""
+    kwargs: dict[str, Any] = {}
+    if schema is not None:
+        kwargs = {"schema_translate_map": {None: schema}, "render_schema_translate": True}
+    compiled = stmt.compile(dialect=_DIALECT, **kwargs)
+    defaults = {k: v for k, v in compiled.params.items() if v is not None}
+    return Compiled(sql=str(compiled), defaults=defaults)
+
+
+class WorkerSQL:
+    """Every statement a worker runs, compiled for one schema."""
+
+    def __init__(self, schema: str | None) -> None:
+        self.claim = compile_statement(statements.claim(), schema)
+        self.complete = compile_statement(statements.complete(), schema)
+        self.complete_into_history = compile_statement(statements.complete_into_history(), schema)
+        self.fail = compile_statement(statements.fail(), schema)
+        self.heartbeat = compile_statement(statements.heartbeat(), schema)
+        self.release = compile_statement(statements.release(), schema)
+        self.reap = compile_statement(statements.reap(), schema)

@@ -1,0 +1,602 @@
+"""The worker: wait -> claim a batch -> run handlers -> complete or fail, with a graceful stop.
+
+One fetch loop per process claims for all its handler slots at once, so a wakeup costs one claim
+however many slots are idle (no thundering herd of empty claims). Handlers run as asyncio tasks;
+sync handlers run in a thread pool. Leases are kept alive by a separate thread
+(:mod:`sqla_jobs._leases`), wakeups come from a dedicated LISTEN connection
+(:mod:`sqla_jobs._listener`), and polling every ``poll_interval`` is the floor.
+
+Delivery is at-least-once: a job whose worker dies is run again after its lease expires, so
+handlers must be idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+import signal
+import socket
+import threading
+import traceback
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+from pydantic import ValidationError
+
+from ._db import libpq_conninfo
+from ._leases import CONNECTION_ERRORS, LeaseKeeper
+from ._listener import Listener
+from ._sql import WorkerSQL
+from .backoff import DEFAULT_BACKOFF, Backoff
+from .errors import ConfigurationError
+from .jobs import Jobs
+from .kinds import Kind, check_name
+from .model import MAX_ERROR_CHARS
+
+log = logging.getLogger("sqla_jobs.worker")
+
+#: Exit code of a worker forced out by a second signal.
+EXIT_FORCED = 130
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job this worker holds a lease on."""
+
+    id: int
+    queue: str
+    kind: str
+    payload: dict[str, Any]
+    priority: int
+    attempts: int
+    max_attempts: int
+    crashes: int
+    max_crashes: int
+    lease_token: uuid.UUID
+    created_at: datetime
+
+
+@dataclass
+class JobContext:
+    """What a handler knows about the job it runs.
+
+    ``attempt`` is 1 on the first run; a value above 1 (or ``crashes`` above 0) means the job ran
+    before, possibly to completion of its side effects: handlers must be idempotent.
+    ``lease_lost`` is set if the worker learns that another worker may now own the job; anything
+    the handler still writes through sqla-jobs is then rejected by the lease fence.
+    """
+
+    job_id: int
+    kind: str
+    queue: str
+    attempt: int
+    crashes: int
+    max_attempts: int
+    created_at: datetime
+    worker: str
+    lease_lost: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Validated worker settings (seconds as floats)."""
+
+    queues: tuple[str, ...]
+    concurrency: int = 4
+    lease: float = 60.0
+    heartbeat: float | None = None
+    poll_interval: float = 1.0
+    shutdown_timeout: float = 30.0
+    listen: bool = True
+    keep_history: bool = False
+    reap_interval: float | None = None
+    batch_size: int | None = None
+    name: str | None = None
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.heartbeat if self.heartbeat is not None else self.lease / 3
+
+    @property
+    def reap_seconds(self) -> float:
+        return self.reap_interval if self.reap_interval is not None else min(self.lease / 2, 30.0)
+
+
+def check_config(config: WorkerConfig, jobs: Jobs) -> None:
+    """Refuse settings that cannot work, naming the setting and what to change."""
+    if not config.queues:
+        raise ConfigurationError("no queues to work: register kinds with handlers or pass queues")
+    for q in config.queues:
+        try:
+            check_name("queue", q)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
+    if config.concurrency < 1:
+        raise ConfigurationError(f"concurrency must be >= 1, got {config.concurrency}")
+    if config.lease <= 0 or config.poll_interval <= 0 or config.shutdown_timeout < 0:
+        raise ConfigurationError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
+    if config.heartbeat_seconds <= 0 or config.heartbeat_seconds > config.lease / 3:
+        raise ConfigurationError(
+            f"heartbeat ({config.heartbeat_seconds:g}s) must be > 0 and at most a third of the lease "
+            f"({config.lease:g}s), so that two missed beats do not lose the lease"
+        )
+    if config.batch_size is not None and config.batch_size < 1:
+        raise ConfigurationError(f"batch_size must be >= 1, got {config.batch_size}")
+    for kind in jobs:
+        timeout = kind.options.timeout
+        if timeout is not None and kind.options.queue in config.queues and config.lease < timeout:
+            raise ConfigurationError(
+                f"lease ({config.lease:g}s) is shorter than the timeout of kind {kind.name!r} "
+                f"({timeout:g}s): raise the lease (--lease) above the longest timeout"
+            )
+
+
+class HandlerTimeout(Exception):
+    """The handler ran past its kind's timeout (an async one is cancelled; a sync one cannot be,
+    and runs on in its thread, its result discarded)."""
+
+
+@dataclass
+class _Finished:
+    job: ClaimedJob
+    error: str | None = None
+    dead: bool = False
+    backoff: Backoff = DEFAULT_BACKOFF
+
+
+def _describe(exc: BaseException) -> str:
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    # Truncated here too (the fail statement truncates again): logs must not carry trace storms.
+    return f"{type(exc).__name__}: {exc}"[: MAX_ERROR_CHARS - len(where)] + where
+
+
+class Worker:
+    """Runs the handlers of ``jobs`` for jobs in ``queues`` (default: the queues of the kinds that
+    have handlers).
+
+    ``concurrency`` handlers run at once. A claimed job holds a lease of ``lease`` seconds, renewed
+    every ``heartbeat`` (default a third of the lease) while it runs; an expired lease is reaped by
+    any worker and the job runs again (at-least-once). ``listen=False`` is poll-only mode, for
+    PgBouncer in transaction pooling. :meth:`stop` (or SIGTERM/SIGINT under :meth:`run_sync`) stops
+    claiming at once, lets running handlers finish for up to ``shutdown_timeout`` seconds, and
+    gives back the leases of those that did not (not counted as a failure).
+    """
+
+    def __init__(
+        self,
+        jobs: Jobs,
+        database_url: str,
+        *,
+        queues: Sequence[str] | None = None,
+        concurrency: int = 4,
+        lease: float = 60.0,
+        heartbeat: float | None = None,
+        poll_interval: float = 1.0,
+        shutdown_timeout: float = 30.0,
+        listen: bool = True,
+        keep_history: bool = False,
+        reap_interval: float | None = None,
+        batch_size: int | None = None,
+        name: str | None = None,
+    ) -> None:
+        if queues is None:
+            queues = sorted({k.options.queue for k in jobs if k.handler is not None})
+        self.config = WorkerConfig(
+            queues=tuple(dict.fromkeys(queues)),
+            concurrency=concurrency,
+            lease=lease,
+            heartbeat=heartbeat,
+            poll_interval=poll_interval,
+            shutdown_timeout=shutdown_timeout,
+            listen=listen,
+            keep_history=keep_history,
+            reap_interval=reap_interval,
+            batch_size=batch_size,
+            name=name,
+        )
+        check_config(self.config, jobs)
+        self.jobs = jobs
+        self.conninfo = libpq_conninfo(database_url)
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._sql = WorkerSQL(jobs.schema)
+        self._lease = timedelta(seconds=lease)
+        self._active: dict[int, tuple[ClaimedJob, JobContext, asyncio.Task[None]]] = {}
+        self._finished: list[_Finished] = []
+        self._stopping = False
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._drained = False
+        self._queue_turn = 0
+        self._executor = ThreadPoolExecutor(
+            max_workers=concurrency * 2, thread_name_prefix="sqla-jobs-handler"
+        )
+        self.leases: LeaseKeeper | None = None
+        self.listener: Listener | None = None
+        #: Counters for tests, benchmarks and the final log line.
+        self.counts = {"claimed": 0, "done": 0, "failed": 0, "dead": 0, "released": 0}
+        self.started = threading.Event()
+
+    # -- control ----------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming now, let running handlers finish; safe from any thread or signal handler."""
+        self._stopping = True
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(wake.set)
+
+    def wake(self) -> None:
+        """Make the fetch loop look for work now (what a NOTIFY does)."""
+        if self._wake is not None:
+            self._drained = False
+            self._wake.set()
+
+    def run_sync(self, *, install_signal_handlers: bool = True) -> int:
+        """Run until stopped; return the exit code (0 after a graceful stop).
+
+        With ``install_signal_handlers``, the first SIGTERM or SIGINT stops gracefully and a second
+        one exits the process at once with code 130 (leases then expire and are reaped).
+        """
+        return asyncio.run(self._main(install_signal_handlers))
+
+    async def run(self) -> None:
+        """Run in the current event loop until :meth:`stop` is called."""
+        await self._main(False)
+
+    async def _main(self, signals: bool) -> int:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        if signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._on_signal, sig)
+        self._conn = await self._connect()
+        self.leases = LeaseKeeper(
+            conninfo=self.conninfo,
+            sql=self._sql,
+            lease=self._lease,
+            heartbeat=self.config.heartbeat_seconds,
+            reap_interval=self.config.reap_seconds,
+            snapshot=self._held,
+            on_lost=self._lost,
+            name=self.name,
+        )
+        self.leases.start()
+        listener_task = None
+        if self.config.listen:
+            self.listener = Listener(
+                self.conninfo, self.jobs.channel, self.config.queues, self.wake
+            )
+            listener_task = asyncio.create_task(self.listener.run(), name="sqla-jobs-listener")
+        log.info(
+            "worker %s started: queues=%s concurrency=%s lease=%gs listen=%s",
+            self.name,
+            ",".join(self.config.queues),
+            self.config.concurrency,
+            self.config.lease,
+            self.config.listen,
+            extra={"event": "started"},
+        )
+        self.started.set()
+        try:
+            await self._fetch_loop()
+            await self._shutdown()
+        finally:
+            if listener_task is not None:
+                listener_task.cancel()
+                await asyncio.gather(listener_task, return_exceptions=True)
+            self.leases.stop()
+            await asyncio.to_thread(self.leases.join, 10)
+            await self._close()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            if signals:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    self._loop.remove_signal_handler(sig)
+        log.info("worker %s stopped: %s", self.name, self.counts, extra={"event": "stopped"})
+        return 0
+
+    def _on_signal(self, sig: int) -> None:
+        if self._stopping:
+            log.error("second %s: exiting now", signal.Signals(sig).name, extra={"event": "forced"})
+            logging.shutdown()
+            os._exit(EXIT_FORCED)
+        log.info(
+            "%s: stopping (finishing %d running jobs, up to %gs)",
+            signal.Signals(sig).name,
+            len(self._active),
+            self.config.shutdown_timeout,
+            extra={"event": "stopping"},
+        )
+        self.stop()
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    async def _fetch_loop(self) -> None:
+        assert self._wake is not None
+        failures = 0
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                await self._flush()
+                claimed = 0
+                free = self.config.concurrency - len(self._active)
+                if free > 0 and not self._drained:
+                    claimed = await self._claim(free)
+                    # Fewer than asked: the queue is empty for now. Until a NOTIFY or the poll
+                    # timer says otherwise, finishing jobs only flush, they do not re-claim.
+                    self._drained = claimed < free
+                failures = 0
+            except CONNECTION_ERRORS as exc:
+                failures += 1
+                delay = min(0.1 * 2**failures, 5.0)
+                log.warning(
+                    "database connection lost, reconnecting in %.1fs: %s",
+                    delay,
+                    exc,
+                    extra={"event": "conn_lost"},
+                )
+                await self._close()
+                await self._sleep(delay)
+                try:
+                    self._conn = await self._connect()
+                except CONNECTION_ERRORS:
+                    pass
+                continue
+            if claimed and not self._drained:
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
+            except TimeoutError:
+                self._drained = False
+
+    async def _sleep(self, seconds: float) -> None:
+        assert self._wake is not None
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        return await psycopg.AsyncConnection.connect(
+            self.conninfo, autocommit=True, connect_timeout=10
+        )
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                await conn.close()
+            except Exception:
+                pass
+
+    async def _db(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        if self._conn is None or self._conn.closed:
+            self._conn = await self._connect()
+        return self._conn
+
+    async def _claim(self, free: int) -> int:
+        queues = self.config.queues
+        limit = min(free, self.config.batch_size or free)
+        total = 0
+        conn = await self._db()
+        for i in range(len(queues)):
+            if total >= free:
+                break
+            queue = queues[(self._queue_turn + i) % len(queues)]
+            cur = await conn.execute(
+                self._sql.claim.sql,
+                self._sql.claim.params(
+                    queue=queue, limit=min(limit, free - total), lease=self._lease, worker=self.name
+                ),
+            )
+            for row in await cur.fetchall():
+                self._start(ClaimedJob(*row))  # type: ignore[arg-type]
+                total += 1
+        self._queue_turn += 1
+        self.counts["claimed"] += total
+        return total
+
+    def _start(self, job: ClaimedJob) -> None:
+        ctx = JobContext(
+            job_id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempts,
+            crashes=job.crashes,
+            max_attempts=job.max_attempts,
+            created_at=job.created_at,
+            worker=self.name,
+        )
+        log.debug(
+            "claimed job %s (%s)", job.id, job.kind, extra={"event": "claimed", "job_id": job.id}
+        )
+        task = asyncio.create_task(self._run_job(job, ctx), name=f"sqla-jobs-job-{job.id}")
+        self._active[job.id] = (job, ctx, task)
+
+    async def _run_job(self, job: ClaimedJob, ctx: JobContext) -> None:
+        outcome = _Finished(job)
+        try:
+            kind = self.jobs.get(job.kind)
+            if kind is None or kind.handler is None:
+                outcome.error = (
+                    f"unknown kind {job.kind!r}: this worker has no handler for it "
+                    "(is a deploy in progress?)"
+                )
+                return
+            outcome.backoff = kind.options.backoff
+            try:
+                args = kind.model.model_validate(job.payload)
+            except ValidationError as exc:
+                outcome.error = (
+                    f"payload no longer validates against {kind.model.__qualname__}: {exc}"
+                )
+                outcome.dead = True
+                return
+            await self._call(kind, args, ctx)
+        except asyncio.CancelledError:
+            outcome.error = None
+            raise
+        except HandlerTimeout as exc:
+            outcome.error = str(exc)
+        except Exception as exc:
+            outcome.error = _describe(exc)
+        finally:
+            if not asyncio.current_task().cancelled():  # type: ignore[union-attr]
+                self._finished.append(outcome)
+            self._active.pop(job.id, None)
+            if self._wake is not None:
+                self._wake.set()
+
+    async def _call(self, kind: Kind, args: Any, ctx: JobContext) -> None:
+        handler = kind.handler
+        assert handler is not None
+        if inspect.iscoroutinefunction(handler):
+            call: Any = handler(args, ctx)
+        else:
+            loop = asyncio.get_running_loop()
+            call = loop.run_in_executor(self._executor, handler, args, ctx)
+        if kind.options.timeout is not None:
+            try:
+                result = await asyncio.wait_for(call, kind.options.timeout)
+            except TimeoutError:
+                raise HandlerTimeout(f"timed out after {kind.options.timeout:g}s") from None
+        else:
+            result = await call
+        if inspect.isawaitable(result):
+            await result
+
+    async def _flush(self) -> None:
+        """Write the outcomes of finished jobs: one DELETE for all successes, one UPDATE per failure."""
+        if not self._finished:
+            return
+        batch, self._finished = self._finished, []
+        try:
+            conn = await self._db()
+            done = [f.job for f in batch if f.error is None]
+            if done:
+                stmt = (
+                    self._sql.complete_into_history
+                    if self.config.keep_history
+                    else self._sql.complete
+                )
+                await conn.execute(
+                    stmt.sql,
+                    stmt.params(ids=[j.id for j in done], tokens=[j.lease_token for j in done]),
+                )
+                self.counts["done"] += len(done)
+            for f in batch:
+                if f.error is not None:
+                    await self._fail(conn, f)
+        except BaseException:
+            # Not written: keep them for the next flush (the writes are fenced and idempotent).
+            self._finished = batch + self._finished
+            raise
+
+    async def _fail(self, conn: psycopg.AsyncConnection[tuple[object, ...]], f: _Finished) -> None:
+        assert f.error is not None
+        cur = await conn.execute(
+            self._sql.fail.sql,
+            self._sql.fail.params(
+                id=f.job.id,
+                token=f.job.lease_token,
+                error=f.error,
+                force_dead=f.dead,
+                **f.backoff.sql_params(),
+            ),
+        )
+        row = await cur.fetchone()
+        if row is None:
+            log.warning(
+                "job %s: lease lost before its failure was recorded",
+                f.job.id,
+                extra={"event": "lease_lost", "job_id": f.job.id},
+            )
+            return
+        state, run_at = row[0], row[1]
+        if state == "dead":
+            self.counts["dead"] += 1
+            log.error(
+                "job %s (%s) dead after attempt %s: %s",
+                f.job.id,
+                f.job.kind,
+                f.job.attempts,
+                f.error,
+                extra={"event": "dead", "job_id": f.job.id, "kind": f.job.kind},
+            )
+        else:
+            self.counts["failed"] += 1
+            log.warning(
+                "job %s (%s) failed attempt %s, retry at %s: %s",
+                f.job.id,
+                f.job.kind,
+                f.job.attempts,
+                run_at,
+                f.error,
+                extra={"event": "failed", "job_id": f.job.id, "kind": f.job.kind},
+            )
+
+    # -- leases ---------------------------------------------------------------------------------
+
+    def _held(self) -> dict[int, uuid.UUID]:
+        # Called from the lease thread: copy, the dict changes under the event loop.
+        return {job_id: entry[0].lease_token for job_id, entry in list(self._active.items())}
+
+    def _lost(self, ids: set[int]) -> None:
+        for job_id in ids:
+            entry = self._active.get(job_id)
+            if entry is not None:
+                entry[1].lease_lost.set()
+                log.warning(
+                    "job %s: lease lost (expired and reaped); its result will be discarded",
+                    job_id,
+                    extra={"event": "lease_lost", "job_id": job_id},
+                )
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        tasks = [entry[2] for entry in self._active.values()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.config.shutdown_timeout)
+        leftover = list(self._active.values())
+        for _, _, task in leftover:
+            task.cancel()
+        if leftover:
+            await asyncio.gather(*(t for _, _, t in leftover), return_exceptions=True)
+        for attempt in range(3):
+            try:
+                await self._flush()
+                if leftover:
+                    conn = await self._db()
+                    await conn.execute(
+                        self._sql.release.sql,
+                        self._sql.release.params(
+                            ids=[j.id for j, _, _ in leftover],
+                            tokens=[j.lease_token for j, _, _ in leftover],
+                        ),
+                    )
+                    self.counts["released"] += len(leftover)
+                    log.warning(
+                        "released %d unfinished jobs back to the queue",
+                        len(leftover),
+                        extra={"event": "released"},
+                    )
+                return
+            except CONNECTION_ERRORS as exc:
+                log.warning(
+                    "shutdown write failed (%s), retrying", exc, extra={"event": "conn_lost"}
+                )
+                await self._close()
+                await asyncio.sleep(0.2 * (attempt + 1))
+        log.error(
+            "could not record outcomes at shutdown; their leases will expire and be reaped",
+            extra={"event": "shutdown_incomplete"},
+        )
