@@ -1,0 +1,236 @@
+"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``migrate`` and ``demo``.
+
+Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 bad usage or
+configuration (including a bad ``MODULE:ATTR``); 3 the database cannot be reached; 130 a worker
+forced out by a second SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+from ._db import ENV_VAR, libpq_conninfo, redact
+from .errors import ConfigurationError, SqlaJobsError
+from .jobs import Jobs
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+
+class CLIError(Exception):
+    """A one-line error for the user, with its exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(f"SQLA_JOBS_{name}", default)
+
+
+def load_jobs(target: str) -> Jobs:
+    """Import ``MODULE:ATTR`` and return the :class:`Jobs` found there (the current directory is on
+    the import path, as for ``python -m``)."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise CLIError(f"expected MODULE:ATTR (e.g. myapp.tasks:jobs), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CLIError(f"cannot import module {module_name!r}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CLIError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, Jobs):
+        raise CLIError(f"{target} is a {type(obj).__qualname__}, not a sqla_jobs.Jobs")
+    return obj
+
+
+def _database_url(args: argparse.Namespace) -> str:
+    url: str | None = args.database_url or os.environ.get(ENV_VAR)
+    if not url:
+        raise CLIError(f"no database: set {ENV_VAR} or pass --database-url")
+    return url
+
+
+def check_reachable(url: str) -> None:
+    """Connect once, so an unreachable database is a one-line error rather than a traceback."""
+    try:
+        with psycopg.connect(libpq_conninfo(url), connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CLIError(
+            f"cannot reach the database at {redact(url)}: {first}", EXIT_UNREACHABLE
+        ) from None
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from . import _logging
+    from .worker import Worker
+
+    _logging.configure(args.log_level)
+    jobs = load_jobs(args.target)
+    url = _database_url(args)
+    queues = [q for q in (args.queues or "").split(",") if q] or None
+    worker = Worker(
+        jobs,
+        url,
+        queues=queues,
+        concurrency=args.concurrency,
+        lease=args.lease,
+        heartbeat=args.heartbeat,
+        poll_interval=args.poll_interval,
+        shutdown_timeout=args.shutdown_timeout,
+        listen=not args.no_listen,
+        keep_history=args.keep_history,
+    )
+    check_reachable(url)
+    return worker.run_sync()
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from .stats import collect, render
+
+    url = _database_url(args)
+    check_reachable(url)
+    print(render(collect(url, schema=args.schema)))
+    return EXIT_OK
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from .migrate import upgrade
+
+    url = _database_url(args)
+    check_reachable(url)
+    upgrade(url, schema=args.schema, sql=args.sql)
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+
+    return demo_main(database_url=args.database_url)
+
+
+def _float_env(name: str, default: float) -> float:
+    raw = _env(name)
+    if raw is None:
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise CLIError(f"SQLA_JOBS_{name} must be a number, got {raw!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sqla-jobs", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def db(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--database-url", help=f"PostgreSQL URL (default: ${ENV_VAR})")
+
+    w = sub.add_parser("worker", help="run the handlers of MODULE:ATTR (a sqla_jobs.Jobs)")
+    w.add_argument("target", metavar="MODULE:ATTR")
+    db(w)
+    w.add_argument(
+        "--queues",
+        default=_env("QUEUES"),
+        help="comma-separated queues (env SQLA_JOBS_QUEUES; default: the kinds' queues)",
+    )
+    w.add_argument(
+        "--concurrency",
+        type=int,
+        default=int(_env("CONCURRENCY", "4") or 4),
+        help="handlers running at once (env SQLA_JOBS_CONCURRENCY; default 4)",
+    )
+    w.add_argument(
+        "--lease",
+        type=float,
+        default=_float_env("LEASE", 60.0),
+        help="seconds a claim is held without a heartbeat (env SQLA_JOBS_LEASE; default 60)",
+    )
+    w.add_argument(
+        "--heartbeat",
+        type=float,
+        default=float(_env("HEARTBEAT")) if _env("HEARTBEAT") else None,  # type: ignore[arg-type]
+        help="seconds between lease renewals (env SQLA_JOBS_HEARTBEAT; default lease/3)",
+    )
+    w.add_argument(
+        "--poll-interval",
+        type=float,
+        default=_float_env("POLL_INTERVAL", 1.0),
+        help="seconds between polls when no NOTIFY arrives (env SQLA_JOBS_POLL_INTERVAL; default 1)",
+    )
+    w.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=_float_env("SHUTDOWN_TIMEOUT", 30.0),
+        help="seconds running jobs get to finish after SIGTERM (env SQLA_JOBS_SHUTDOWN_TIMEOUT; 30)",
+    )
+    w.add_argument(
+        "--no-listen",
+        action="store_true",
+        default=(_env("LISTEN", "1") or "1").lower() in ("0", "false", "no"),
+        help="poll only, no LISTEN (PgBouncer transaction pooling; env SQLA_JOBS_LISTEN=0)",
+    )
+    w.add_argument(
+        "--keep-history",
+        action="store_true",
+        default=(_env("KEEP_HISTORY", "0") or "0").lower() in ("1", "true", "yes"),
+        help="copy finished jobs into sqla_jobs_history (env SQLA_JOBS_KEEP_HISTORY=1)",
+    )
+    w.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="default INFO")
+    w.set_defaults(func=cmd_worker)
+
+    s = sub.add_parser("stats", help="jobs per queue and state, queue latency, table health")
+    db(s)
+    s.add_argument("--schema", default=_env("SCHEMA"), help="schema of the queue table")
+    s.set_defaults(func=cmd_stats)
+
+    m = sub.add_parser("migrate", help="create or upgrade the queue table (alembic upgrade)")
+    db(m)
+    m.add_argument("--schema", default=_env("SCHEMA"), help="schema for the queue table")
+    m.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
+    m.set_defaults(func=cmd_migrate)
+
+    d = sub.add_parser("demo", help="a guided tour on a real database (embedded if no URL)")
+    db(d)
+    d.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``sqla-jobs`` console script; returns the exit code."""
+    try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        code: int = args.func(args)
+        return code
+    except CLIError as exc:
+        print(f"sqla-jobs: error: {exc}", file=sys.stderr)
+        return exc.code
+    except (ConfigurationError, SqlaJobsError) as exc:
+        print(f"sqla-jobs: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
