@@ -22,6 +22,7 @@ from .errors import (
 from .jobs import Jobs
 from .kinds import Kind, KindOptions
 from .model import Job, JobHistory, JobState, metadata
+from .worker import JobContext, Worker
 
 __all__ = [
     "Backoff",
@@ -33,6 +34,7 @@ __all__ = [
     "InvalidQueueNameError",
     "InvalidScheduleError",
     "Job",
+    "JobContext",
     "JobHistory",
     "JobState",
     "Jobs",
@@ -42,5 +44,6 @@ __all__ = [
     "RegistryError",
     "SqlaJobsError",
     "UnknownKindError",
+    "Worker",
     "metadata",
 ]

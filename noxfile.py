@@ -1,0 +1,54 @@
+"""Developer and CI entry points. CI (.ci/run) calls exactly these sessions.
+
+nox -s tests       the test suite (DATABASE_URL, else an embedded PostgreSQL)
+nox -s lint        ruff check + ruff format --check
+nox -s typecheck   mypy --strict on the package
+nox -s demo        the guided demo (embedded PostgreSQL unless DATABASE_URL is set)
+nox -s bench       the benchmark suite (writes bench/results/)
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+nox.options.error_on_missing_interpreters = False
+
+PYTHON = ["3.10", "3.11", "3.12", "3.13"]
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Run the test suite against a real PostgreSQL."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install("ruff>=0.5")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict with the pydantic plugin."""
+    session.install("-e", ".[test]", "mypy>=1.10")
+    session.run("mypy")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The guided tour: enqueue with a business row, workers, backoff, dead jobs, a rescued crash."""
+    session.install("-e", ".[embedded]")
+    session.run("sqla-jobs", "demo", *session.posargs)
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks against the raw-SQL baseline, in one run; pass --quick for a short smoke run."""
+    session.install("-e", ".[bench]")
+    session.run("python", "-m", "bench", *session.posargs)
