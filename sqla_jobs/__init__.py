@@ -14,9 +14,11 @@ from .errors import (
     InvalidPayloadError,
     InvalidQueueNameError,
     InvalidScheduleError,
+    LeaseLostError,
     PayloadTooLargeError,
     RegistryError,
     SqlaJobsError,
+    StepError,
     UnknownKindError,
 )
 from .jobs import Jobs
@@ -40,9 +42,11 @@ __all__ = [
     "Jobs",
     "Kind",
     "KindOptions",
+    "LeaseLostError",
     "PayloadTooLargeError",
     "RegistryError",
     "SqlaJobsError",
+    "StepError",
     "UnknownKindError",
     "Worker",
     "metadata",

@@ -52,3 +52,6 @@ class WorkerSQL:
         self.heartbeat = compile_statement(statements.heartbeat(), schema)
         self.release = compile_statement(statements.release(), schema)
         self.reap = compile_statement(statements.reap(), schema)
+        self.lock_keys = compile_statement(statements.lock_keys(), schema)
+        self.claim_keyed = compile_statement(statements.claim_keyed(), schema)
+        self.record_step = compile_statement(statements.record_step(), schema)

@@ -48,10 +48,14 @@ class Prepared:
     priority: int
     max_attempts: int
     max_crashes: int
+    concurrency_key: str | None
+    concurrency_limit: int | None
 
 
-def serialize(kind: Kind, payload: BaseModel | Mapping[str, Any], max_bytes: int) -> str:
-    """Validate ``payload`` against ``kind.model`` and return its JSON text.
+def serialize(
+    kind: Kind, payload: BaseModel | Mapping[str, Any], max_bytes: int
+) -> tuple[BaseModel, str]:
+    """Validate ``payload`` against ``kind.model``; return the validated model and its JSON text.
 
     A model instance is serialized and validated back, so what is written is exactly what the worker
     will accept (an instance built with ``model_construct`` or mutated after validation is caught
@@ -65,9 +69,10 @@ def serialize(kind: Kind, payload: BaseModel | Mapping[str, Any], max_bytes: int
                     f"kind {kind.name!r} takes {model.__qualname__}, got {type(payload).__qualname__}"
                 )
             data = payload.model_dump_json(warnings="error")
-            model.model_validate_json(data)
+            instance = model.model_validate_json(data)
         else:
-            data = model.model_validate(payload).model_dump_json()
+            instance = model.model_validate(payload)
+            data = instance.model_dump_json()
     except ValidationError as exc:
         raise InvalidPayloadError(
             f"payload for kind {kind.name!r} does not validate against {model.__qualname__}: "
@@ -87,7 +92,33 @@ def serialize(kind: Kind, payload: BaseModel | Mapping[str, Any], max_bytes: int
             f"payload for kind {kind.name!r} is {size} bytes, over the limit of {max_bytes}; "
             "store large data in your own table and enqueue its id, or raise Jobs(max_payload_bytes=)"
         )
-    return data
+    return instance, data
+
+
+def concurrency(kind: Kind, instance: BaseModel, key: str | None) -> tuple[str | None, int | None]:
+    """The job's (concurrency_key, concurrency_limit): the enqueue's ``key``, else the kind's key
+    function applied to the validated payload, else none."""
+    limit = kind.options.concurrency_limit
+    if key is not None:
+        if limit is None:
+            raise InvalidOptionError(
+                f"kind {kind.name!r} has no concurrency_limit; register it with one to pass "
+                "concurrency_key"
+            )
+    elif kind.options.concurrency_key is not None:
+        try:
+            key = kind.options.concurrency_key(instance)
+        except Exception as exc:
+            raise InvalidPayloadError(
+                f"concurrency_key of kind {kind.name!r} failed on this payload: {exc!r}"
+            ) from None
+    else:
+        return None, None
+    if not isinstance(key, str) or not 1 <= len(key) <= 256:
+        raise InvalidOptionError(
+            f"concurrency key for kind {kind.name!r} must be a str of 1-256 characters, got {key!r}"
+        )
+    return key, limit
 
 
 def prepare(
@@ -99,6 +130,7 @@ def prepare(
     queue: str | None,
     priority: int | None,
     max_attempts: int | None,
+    concurrency_key: str | None = None,
 ) -> Prepared:
     """Resolve the kind, validate the payload and the options; no I/O."""
     if isinstance(payload, str):
@@ -132,13 +164,17 @@ def prepare(
     m = opts.max_attempts if max_attempts is None else max_attempts
     if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 2**31 - 1:
         raise InvalidOptionError(f"max_attempts must be an int >= 1, got {m!r}")
+    instance, payload_json = serialize(kind, body, max_bytes)
+    key, limit = concurrency(kind, instance, concurrency_key)
     return Prepared(
         kind=kind,
-        payload_json=serialize(kind, body, max_bytes),
+        payload_json=payload_json,
         queue=q,
         priority=p,
         max_attempts=m,
         max_crashes=opts.max_crashes,
+        concurrency_key=key,
+        concurrency_limit=limit,
     )
 
 
@@ -185,6 +221,8 @@ def _one_params(job: Prepared, run_at: datetime | None, delay: timedelta) -> dic
         "priority": job.priority,
         "max_attempts": job.max_attempts,
         "max_crashes": job.max_crashes,
+        "concurrency_key": job.concurrency_key,
+        "concurrency_limit": job.concurrency_limit,
         "run_at": run_at,
         "delay": delay,
     }
@@ -198,6 +236,8 @@ def _many_params(jobs: list[Prepared], run_at: datetime | None, delay: timedelta
         "priorities": [j.priority for j in jobs],
         "max_attempts": [j.max_attempts for j in jobs],
         "max_crashes": [j.max_crashes for j in jobs],
+        "concurrency_keys": [j.concurrency_key for j in jobs],
+        "concurrency_limits": [j.concurrency_limit for j in jobs],
         "run_at": run_at,
         "delay": delay,
     }

@@ -58,3 +58,12 @@ class InvalidOptionError(EnqueueError):
 
 class DatabaseURLError(SqlaJobsError):
     """A database URL that cannot be used (wrong scheme, unparseable)."""
+
+
+class LeaseLostError(SqlaJobsError):
+    """This worker's lease on the job expired and the job may now belong to another worker: the
+    write was refused by the lease fence. Raised inside a handler by ``ctx.step``; let it propagate."""
+
+
+class StepError(SqlaJobsError):
+    """A durable step was misused: an empty name, or a result that is not JSON-serializable."""

@@ -53,7 +53,9 @@ class Jobs(Registry):
 
         Options: ``queue``, ``priority`` (lower runs first), ``max_attempts`` (handler failures before
         dead), ``max_crashes`` (expired leases before dead), ``backoff`` (:class:`Backoff`),
-        ``timeout`` (seconds). The kind string is what is stored: renaming the class is safe.
+        ``timeout`` (seconds), ``concurrency_key`` (a function of the payload returning a str) and
+        ``concurrency_limit`` (jobs per key running at once, default 1 with a key function). The
+        kind string is what is stored: renaming the class is safe.
         A process that only enqueues may register without a handler.
         """
         return super().register(name, model, handler, **options)
@@ -75,6 +77,7 @@ class Jobs(Registry):
         priority: int | None = ...,
         queue: str | None = ...,
         max_attempts: int | None = ...,
+        concurrency_key: str | None = ...,
     ) -> Job: ...
 
     @overload
@@ -89,6 +92,7 @@ class Jobs(Registry):
         priority: int | None = ...,
         queue: str | None = ...,
         max_attempts: int | None = ...,
+        concurrency_key: str | None = ...,
     ) -> Job: ...
 
     def enqueue(
@@ -102,6 +106,7 @@ class Jobs(Registry):
         priority: int | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        concurrency_key: str | None = None,
     ) -> Job:
         """Add a job to ``session``'s transaction and return it, flushed (its ``id`` is set).
 
@@ -110,7 +115,8 @@ class Jobs(Registry):
         caller's transaction commits (a rollback, of the transaction or of a savepoint around the
         call, discards it). Workers are woken by a NOTIFY that Postgres delivers only at commit, sent
         at most once per queue per transaction and never carrying the payload. ``delay`` is added
-        to the database clock; ``run_at`` must be timezone-aware. On bad input an
+        to the database clock; ``run_at`` must be timezone-aware. ``concurrency_key`` overrides the
+        kind's key function (the kind must declare a ``concurrency_limit``). On bad input an
         :class:`EnqueueError` subclass is raised before any SQL runs: nothing is written and the
         transaction stays usable.
         """
@@ -122,6 +128,7 @@ class Jobs(Registry):
             queue=queue,
             priority=priority,
             max_attempts=max_attempts,
+            concurrency_key=concurrency_key,
         )
         when, after = _enqueue.schedule(delay, run_at)
         return _enqueue.enqueue(
@@ -160,6 +167,7 @@ class Jobs(Registry):
         priority: int | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        concurrency_key: str | None = None,
     ) -> Job:
         """:meth:`enqueue` for an ``AsyncSession``, with the same guarantees."""
         prepared = _enqueue.prepare(
@@ -170,6 +178,7 @@ class Jobs(Registry):
             queue=queue,
             priority=priority,
             max_attempts=max_attempts,
+            concurrency_key=concurrency_key,
         )
         when, after = _enqueue.schedule(delay, run_at)
         return await _enqueue.enqueue_async(

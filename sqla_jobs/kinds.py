@@ -6,6 +6,7 @@ the model class changes nothing in the database, because only the kind string is
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -53,6 +54,12 @@ class KindOptions:
     backoff: Backoff = DEFAULT_BACKOFF
     #: Seconds a handler may run before it is cancelled and counted as a failure; None: no limit.
     timeout: float | None = None
+    #: Derives a job's concurrency key from its payload (e.g. ``lambda p: str(p.customer_id)``):
+    #: at most ``concurrency_limit`` jobs with the same key run at once, across all workers.
+    concurrency_key: Callable[[Any], str] | None = None
+    #: Jobs per key running at once (default 1 when a key function is given). A kind with a limit
+    #: but no key function takes its key per enqueue (``enqueue(..., concurrency_key=...)``).
+    concurrency_limit: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,10 @@ def validate_options(options: KindOptions) -> None:
         raise RegistryError("max_attempts and max_crashes must be >= 1")
     if options.timeout is not None and options.timeout <= 0:
         raise RegistryError(f"timeout must be > 0 seconds, got {options.timeout}")
+    if options.concurrency_limit is not None and not 1 <= options.concurrency_limit <= 2**31 - 1:
+        raise RegistryError(f"concurrency_limit must be >= 1, got {options.concurrency_limit}")
+    if options.concurrency_key is not None and not callable(options.concurrency_key):
+        raise RegistryError("concurrency_key must be a function of the payload returning a str")
 
 
 class Registry:
@@ -115,6 +126,8 @@ class Registry:
             opts = KindOptions(**options)
         except TypeError as exc:
             raise RegistryError(f"kind {name!r}: {exc}") from None
+        if opts.concurrency_key is not None and opts.concurrency_limit is None:
+            opts = dataclasses.replace(opts, concurrency_limit=1)
         validate_options(opts)
         kind = Kind(name=name, model=model, handler=handler, options=opts)
         self._by_name[name] = kind

@@ -95,6 +95,11 @@ class Job(Base):
     locked_by: Mapped[str | None] = mapped_column(Text)
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    #: Jobs sharing a key run at most ``concurrency_limit`` at once, across all workers.
+    concurrency_key: Mapped[str | None] = mapped_column(Text)
+    concurrency_limit: Mapped[int | None] = mapped_column(Integer)
+    #: Results of completed durable steps (``ctx.step``), by step name.
+    steps: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
 
     __table_args__ = (
         CheckConstraint(f"state IN ({', '.join(repr(s) for s in STATES)})", name="state"),
@@ -107,19 +112,38 @@ class Job(Base):
         CheckConstraint("max_attempts >= 1 AND max_crashes >= 1", name="budgets"),
         CheckConstraint(f"char_length(last_error) <= {MAX_ERROR_CHARS}", name="last_error"),
         CheckConstraint("char_length(queue) BETWEEN 1 AND 128", name="queue"),
-        # Serves the claim. Partial: it holds only claimable rows, so its size tracks the backlog,
-        # not history, and a job leaves it the moment it is claimed.
+        CheckConstraint(
+            "(concurrency_key IS NULL) = (concurrency_limit IS NULL) AND concurrency_limit >= 1",
+            name="concurrency",
+        ),
+        # Serves the claim. Partial: it holds only claimable rows without a concurrency key, so its
+        # size tracks the backlog, not history, and a job leaves it the moment it is claimed.
         Index(
             f"{JOB_TABLE}_claim_idx",
             "queue",
             "priority",
             "run_at",
             "id",
-            postgresql_where=text("state = 'pending'"),
+            postgresql_where=text("state = 'pending' AND concurrency_key IS NULL"),
         ),
-        # Serves the reaper: only running rows, a handful at any time. It deliberately does not
-        # cover lease_expires_at, so a heartbeat (which changes nothing else) can be a HOT update.
-        Index(f"{JOB_TABLE}_running_idx", "id", postgresql_where=text("state = 'running'")),
+        # Serves the keyed claim: pending keyed jobs of a queue, in per-key order.
+        Index(
+            f"{JOB_TABLE}_keyed_idx",
+            "queue",
+            "concurrency_key",
+            "priority",
+            "run_at",
+            "id",
+            postgresql_where=text("state = 'pending' AND concurrency_key IS NOT NULL"),
+        ),
+        # Serves the reaper and the running count per key: only running rows, a handful at any
+        # time. It deliberately does not cover lease_expires_at or steps, so a heartbeat or a step
+        # record (which change nothing else) can be a HOT update.
+        Index(
+            f"{JOB_TABLE}_running_idx",
+            "concurrency_key",
+            postgresql_where=text("state = 'running'"),
+        ),
     )
 
 

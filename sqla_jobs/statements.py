@@ -27,6 +27,7 @@ from sqlalchemy import (
     Select,
     Table,
     Text,
+    Update,
     and_,
     bindparam,
     case,
@@ -77,6 +78,8 @@ CLAIMED_COLUMNS = (
     job.c.max_crashes,
     job.c.lease_token,
     job.c.created_at,
+    job.c.concurrency_key,
+    job.c.steps,
 )
 
 
@@ -105,8 +108,9 @@ def _run_at() -> ColumnElement[object]:
 def insert_job() -> Insert:
     """Insert one job; returns the row as a ``Job`` when executed through an ORM ``Session``.
 
-    Parameters: queue, kind, payload (JSON text), priority, max_attempts, max_crashes, and either
-    run_at (aware datetime) or delay (timedelta, added to the database's ``now()``). Locks nothing
+    Parameters: queue, kind, payload (JSON text), priority, max_attempts, max_crashes,
+    concurrency_key and concurrency_limit (both NULL for an unkeyed job), and either run_at (aware
+    datetime) or delay (timedelta, added to the database's ``now()``). Locks nothing
     beyond the new row.
     """
     return insert(Job).values(
@@ -117,6 +121,8 @@ def insert_job() -> Insert:
         max_attempts=bindparam("max_attempts"),
         max_crashes=bindparam("max_crashes"),
         run_at=_run_at(),
+        concurrency_key=bindparam("concurrency_key", type_=Text),
+        concurrency_limit=bindparam("concurrency_limit", type_=BigInteger),
     )
 
 
@@ -124,8 +130,9 @@ def insert_jobs() -> AnyInsert:
     """Insert many jobs in one statement from parallel arrays (``unnest``); returns their ids.
 
     Parameters: arrays of equal length queues, kinds, payloads (JSON text), priorities,
-    max_attempts, max_crashes; and one run_at or delay for all, as in :func:`insert_job`. One round
-    trip whatever the count, and no 65,535-parameter limit, because each column is one array.
+    max_attempts, max_crashes, concurrency_keys, concurrency_limits; and one run_at or delay for
+    all, as in :func:`insert_job`. One round trip whatever the count, and no 65,535-parameter
+    limit, because each column is one array.
     """
     rows = (
         func.unnest(
@@ -135,8 +142,19 @@ def insert_jobs() -> AnyInsert:
             bindparam("priorities", type_=ARRAY(BigInteger)),
             bindparam("max_attempts", type_=ARRAY(BigInteger)),
             bindparam("max_crashes", type_=ARRAY(BigInteger)),
+            bindparam("concurrency_keys", type_=ARRAY(Text)),
+            bindparam("concurrency_limits", type_=ARRAY(BigInteger)),
         )
-        .table_valued("queue", "kind", "payload", "priority", "max_attempts", "max_crashes")
+        .table_valued(
+            "queue",
+            "kind",
+            "payload",
+            "priority",
+            "max_attempts",
+            "max_crashes",
+            "concurrency_key",
+            "concurrency_limit",
+        )
         .render_derived(name="r")
     )
     src = select(
@@ -146,15 +164,22 @@ def insert_jobs() -> AnyInsert:
         rows.c.priority,
         rows.c.max_attempts,
         rows.c.max_crashes,
+        rows.c.concurrency_key,
+        rows.c.concurrency_limit,
         _run_at(),
     ).select_from(rows)
-    return (
-        insert(job)
-        .from_select(
-            ["queue", "kind", "payload", "priority", "max_attempts", "max_crashes", "run_at"], src
-        )
-        .returning(job.c.id)
-    )
+    columns = [
+        "queue",
+        "kind",
+        "payload",
+        "priority",
+        "max_attempts",
+        "max_crashes",
+        "concurrency_key",
+        "concurrency_limit",
+        "run_at",
+    ]
+    return insert(job).from_select(columns, src).returning(job.c.id)
 
 
 def notify() -> Select[tuple[object]]:
@@ -179,6 +204,7 @@ def claim() -> AnyUpdate:
         select(job.c.id)
         .where(
             job.c.state == PENDING,
+            job.c.concurrency_key.is_(None),
             job.c.queue == bindparam("queue", type_=Text),
             job.c.run_at <= func.now(),
         )
@@ -188,17 +214,132 @@ def claim() -> AnyUpdate:
         .cte("picked")
         .prefix_with("MATERIALIZED")
     )
+    return _mark_claimed(update(job).where(job.c.id == picked.c.id))
+
+
+def _mark_claimed(stmt: Update) -> AnyUpdate:
+    return stmt.values(
+        state=RUNNING,
+        attempts=job.c.attempts + 1,
+        lease_token=func.gen_random_uuid(),
+        lease_expires_at=func.now() + bindparam("lease", type_=Interval),
+        locked_by=bindparam("worker", type_=Text),
+    ).returning(*CLAIMED_COLUMNS)
+
+
+#: First key of the two-key advisory locks sqla-jobs takes (hashtext('sqla_jobs')): a namespace so
+#: our locks cannot collide with the application's single-key advisory locks.
+ADVISORY_NAMESPACE = -1196525586
+
+
+def lock_keys() -> Select[tuple[str]]:
+    """Step 1 of the keyed claim: try-lock the concurrency keys of up to ``scan`` due keyed jobs of
+    ``queue``, in claim order; returns the keys this transaction now holds.
+
+    Takes transaction-scoped advisory locks (``pg_try_advisory_xact_lock``, never waiting): a key
+    another worker is claiming right now is skipped, not waited for. The locks are released when
+    the claim transaction commits. Served by ``sqla_jobs_job_keyed_idx``.
+    """
+    heads = (
+        select(job.c.concurrency_key, job.c.priority, job.c.run_at, job.c.id)
+        .where(
+            job.c.state == PENDING,
+            job.c.concurrency_key.is_not(None),
+            job.c.queue == bindparam("queue", type_=Text),
+            job.c.run_at <= func.now(),
+        )
+        .distinct(job.c.concurrency_key)
+        .order_by(job.c.concurrency_key, job.c.priority, job.c.run_at, job.c.id)
+        .cte("heads")
+        .prefix_with("MATERIALIZED")
+    )
+    # Lock only the keys we may claim this round (a fence again): a filter evaluated over every
+    # head would lock keys we then leave, starving other workers of them for no reason.
+    candidates = (
+        select(heads.c.concurrency_key)
+        .order_by(heads.c.priority, heads.c.run_at, heads.c.id)
+        .limit(bindparam("scan", type_=BigInteger))
+        .cte("candidates")
+        .prefix_with("MATERIALIZED")
+    )
+    return select(candidates.c.concurrency_key).where(
+        func.pg_try_advisory_xact_lock(
+            literal_column(str(ADVISORY_NAMESPACE)), func.hashtext(candidates.c.concurrency_key)
+        )
+    )
+
+
+def claim_keyed() -> AnyUpdate:
+    """Step 2 of the keyed claim, in the same transaction as :func:`lock_keys` and after it: claim
+    up to ``limit`` due jobs of ``queue`` whose key is in ``keys``, at most
+    ``concurrency_limit - running`` per key, in per-key order.
+
+    Exact under concurrency: the transaction holds the keys' advisory locks, so no other worker is
+    claiming them, and this statement's snapshot is taken after the locks were granted, so it sees
+    every claim committed by their previous holders. Returns :data:`CLAIMED_COLUMNS`.
+    """
+    keys = bindparam("keys", type_=ARRAY(Text))
+    ranked = (
+        select(
+            job.c.id,
+            job.c.concurrency_key,
+            job.c.concurrency_limit,
+            job.c.priority,
+            job.c.run_at,
+            func.row_number()
+            .over(
+                partition_by=job.c.concurrency_key,
+                order_by=(job.c.priority, job.c.run_at, job.c.id),
+            )
+            .label("rank"),
+        )
+        .where(
+            job.c.state == PENDING,
+            job.c.concurrency_key == func.any(keys),
+            job.c.queue == bindparam("queue", type_=Text),
+            job.c.run_at <= func.now(),
+        )
+        .cte("ranked")
+        .prefix_with("MATERIALIZED")
+    )
+    running = (
+        select(job.c.concurrency_key, func.count().label("n"))
+        .where(job.c.state == RUNNING, job.c.concurrency_key == func.any(keys))
+        .group_by(job.c.concurrency_key)
+        .cte("running")
+        .prefix_with("MATERIALIZED")
+    )
+    picked = (
+        select(ranked.c.id)
+        .select_from(
+            ranked.outerjoin(running, running.c.concurrency_key == ranked.c.concurrency_key)
+        )
+        .where(ranked.c.rank <= ranked.c.concurrency_limit - func.coalesce(running.c.n, 0))
+        .order_by(ranked.c.priority, ranked.c.run_at, ranked.c.id)
+        .limit(bindparam("limit", type_=BigInteger))
+        .cte("picked")
+        .prefix_with("MATERIALIZED")
+    )
+    # state is re-checked on the latest row version by the UPDATE itself (READ COMMITTED).
+    return _mark_claimed(update(job).where(job.c.id == picked.c.id, job.c.state == PENDING))
+
+
+def record_step() -> AnyUpdate:
+    """Record the JSON result ``value`` of durable step ``name`` of job ``id``, fenced on lease
+    ``token``; returns the id (no row: the lease was lost). Touches only ``steps``, which no index
+    covers, so the update can be HOT. Served by the primary key."""
     return (
         update(job)
-        .where(job.c.id == picked.c.id)
+        .where(job.c.id == bindparam("id", type_=BigInteger))
+        .where(job.c.lease_token == bindparam("token", type_=UUID(as_uuid=True)))
         .values(
-            state=RUNNING,
-            attempts=job.c.attempts + 1,
-            lease_token=func.gen_random_uuid(),
-            lease_expires_at=func.now() + bindparam("lease", type_=Interval),
-            locked_by=bindparam("worker", type_=Text),
+            steps=func.coalesce(job.c.steps, cast(literal_column("'{}'"), JSONB)).op("||")(
+                func.jsonb_build_object(
+                    bindparam("name", type_=Text), cast(bindparam("value", type_=Text), JSONB)
+                )
+            )
         )
-        .returning(*CLAIMED_COLUMNS)
+        .returning(job.c.id)
     )
 
 

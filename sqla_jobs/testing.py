@@ -34,6 +34,7 @@ from .worker import JobContext
 _CLAIM = statements.claim()
 _COMPLETE = statements.complete()
 _FAIL = statements.fail()
+_RECORD_STEP = statements.record_step()
 
 
 def enqueued(
@@ -100,6 +101,16 @@ def run_jobs(
                 max_attempts=row.max_attempts,
                 created_at=row.created_at,
                 worker="testing",
+                steps=dict(row.steps or {}),
+                lease_token=row.lease_token,
+                recorder=lambda job_id, token, name, value: (
+                    session.execute(
+                        _RECORD_STEP,
+                        {"id": job_id, "token": token, "name": name, "value": value},
+                        execution_options=opts,
+                    ).first()
+                    is not None
+                ),
             )
             try:
                 value: Any = kind.handler(kind.model.model_validate(row.payload), ctx)

@@ -14,18 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import logging
 import os
 import signal
 import socket
 import threading
 import traceback
+import typing
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from pydantic import ValidationError
@@ -34,8 +36,9 @@ from ._db import libpq_conninfo
 from ._leases import CONNECTION_ERRORS, LeaseKeeper
 from ._listener import Listener
 from ._sql import WorkerSQL
+from ._steps import StepWriter
 from .backoff import DEFAULT_BACKOFF, Backoff
-from .errors import ConfigurationError
+from .errors import ConfigurationError, LeaseLostError, StepError
 from .jobs import Jobs
 from .kinds import Kind, check_name
 from .model import MAX_ERROR_CHARS
@@ -61,6 +64,13 @@ class ClaimedJob:
     max_crashes: int
     lease_token: uuid.UUID
     created_at: datetime
+    concurrency_key: str | None
+    steps: dict[str, Any] | None
+
+
+#: Records a durable step: (job id, lease token, step name, JSON text) -> lease still held?
+Recorder = Callable[[int, uuid.UUID, str, str], bool]
+T = TypeVar("T")
 
 
 @dataclass
@@ -82,6 +92,53 @@ class JobContext:
     created_at: datetime
     worker: str
     lease_lost: threading.Event = field(default_factory=threading.Event)
+    #: Results of the durable steps recorded by earlier runs of this job, by name (JSON form).
+    steps: dict[str, Any] = field(default_factory=dict)
+    lease_token: uuid.UUID | None = field(default=None, repr=False)
+    recorder: Recorder | None = field(default=None, repr=False)
+
+    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+        """Run ``fn(*args, **kwargs)`` once for this job and record its JSON-serializable result.
+
+        If an earlier run of the job recorded step ``name``, return that result (in its JSON form:
+        tuples come back as lists) without calling ``fn``. The record is written in its own short
+        transaction, fenced on the lease: :class:`LeaseLostError` if another worker owns the job
+        now. Not exactly-once: if the process dies after ``fn``'s side effect and before the
+        record, ``fn`` runs again on the retry.
+        """
+        if name in self.steps:
+            return typing.cast(T, self.steps[name])
+        result = fn(*args, **kwargs)
+        self._record(name, result)
+        return result
+
+    async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`step` for async code: ``fn`` may be a coroutine function; the record is written
+        from a thread so the event loop is not blocked."""
+        if name in self.steps:
+            return self.steps[name]
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        await asyncio.to_thread(self._record, name, result)
+        return result
+
+    def _record(self, name: str, result: Any) -> None:
+        if not isinstance(name, str) or not name:
+            raise StepError(f"step names must be non-empty strings, got {name!r}")
+        try:
+            value = json.dumps(result)
+        except (TypeError, ValueError) as exc:
+            raise StepError(f"result of step {name!r} is not JSON-serializable: {exc}") from None
+        if self.recorder is None or self.lease_token is None:
+            raise StepError("durable steps need a context created by a worker")
+        if not self.recorder(self.job_id, self.lease_token, name, value):
+            self.lease_lost.set()
+            raise LeaseLostError(
+                f"job {self.job_id}: lease lost, step {name!r} was not recorded; another worker "
+                "may own the job now"
+            )
+        self.steps[name] = json.loads(value)
 
 
 @dataclass(frozen=True)
@@ -207,6 +264,14 @@ class Worker:
         self.conninfo = libpq_conninfo(database_url)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._sql = WorkerSQL(jobs.schema)
+        # Keyed claims cost an extra transaction per round: only workers that may see keyed jobs
+        # (a handled kind with a concurrency limit) run them.
+        self._keyed = any(
+            k.options.concurrency_limit is not None
+            for k in jobs
+            if k.handler is not None and k.options.queue in self.config.queues
+        )
+        self._steps = StepWriter(self.conninfo, self._sql.record_step)
         self._lease = timedelta(seconds=lease)
         self._active: dict[int, tuple[ClaimedJob, JobContext, asyncio.Task[None]]] = {}
         self._finished: list[_Finished] = []
@@ -297,6 +362,7 @@ class Worker:
             await asyncio.to_thread(self.leases.join, 10)
             await self._close()
             self._executor.shutdown(wait=False, cancel_futures=True)
+            self._steps.close()
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     self._loop.remove_signal_handler(sig)
@@ -400,9 +466,38 @@ class Worker:
             for row in await cur.fetchall():
                 self._start(ClaimedJob(*row))  # type: ignore[arg-type]
                 total += 1
+        if self._keyed:
+            for i in range(len(queues)):
+                if total >= free:
+                    break
+                queue = queues[(self._queue_turn + i) % len(queues)]
+                total += await self._claim_keyed(conn, queue, free - total)
         self._queue_turn += 1
         self.counts["claimed"] += total
         return total
+
+    async def _claim_keyed(
+        self, conn: psycopg.AsyncConnection[tuple[object, ...]], queue: str, limit: int
+    ) -> int:
+        # Two statements in one transaction: the keys' advisory locks are granted by the first, so
+        # the second's snapshot sees every claim their previous holders committed.
+        async with conn.transaction():
+            cur = await conn.execute(
+                self._sql.lock_keys.sql, self._sql.lock_keys.params(queue=queue, scan=limit)
+            )
+            keys = [row[0] for row in await cur.fetchall()]
+            if not keys:
+                return 0
+            cur = await conn.execute(
+                self._sql.claim_keyed.sql,
+                self._sql.claim_keyed.params(
+                    queue=queue, keys=keys, limit=limit, lease=self._lease, worker=self.name
+                ),
+            )
+            rows = await cur.fetchall()
+        for row in rows:
+            self._start(ClaimedJob(*row))  # type: ignore[arg-type]
+        return len(rows)
 
     def _start(self, job: ClaimedJob) -> None:
         ctx = JobContext(
@@ -414,6 +509,9 @@ class Worker:
             max_attempts=job.max_attempts,
             created_at=job.created_at,
             worker=self.name,
+            steps=dict(job.steps or {}),
+            lease_token=job.lease_token,
+            recorder=self._steps,
         )
         log.debug(
             "claimed job %s (%s)", job.id, job.kind, extra={"event": "claimed", "job_id": job.id}
@@ -452,6 +550,9 @@ class Worker:
             if not asyncio.current_task().cancelled():  # type: ignore[union-attr]
                 self._finished.append(outcome)
             self._active.pop(job.id, None)
+            if job.concurrency_key is not None:
+                # Its key has room again: look for the key's next job without waiting for a poll.
+                self._drained = False
             if self._wake is not None:
                 self._wake.set()
 

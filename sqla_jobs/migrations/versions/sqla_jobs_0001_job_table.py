@@ -51,6 +51,9 @@ def upgrade() -> None:
         sa.Column("locked_by", sa.Text(), nullable=True),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False),
+        sa.Column("concurrency_key", sa.Text(), nullable=True),
+        sa.Column("concurrency_limit", sa.Integer(), nullable=True),
+        sa.Column("steps", postgresql.JSONB(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("sqla_jobs_job_pkey")),
         sa.CheckConstraint("state IN ('pending', 'running', 'dead')", name=op.f("sqla_jobs_job_state_check")),
         sa.CheckConstraint(
@@ -61,19 +64,30 @@ def upgrade() -> None:
         sa.CheckConstraint("max_attempts >= 1 AND max_crashes >= 1", name=op.f("sqla_jobs_job_budgets_check")),
         sa.CheckConstraint("char_length(last_error) <= 500", name=op.f("sqla_jobs_job_last_error_check")),
         sa.CheckConstraint("char_length(queue) BETWEEN 1 AND 128", name=op.f("sqla_jobs_job_queue_check")),
+        sa.CheckConstraint(
+            "(concurrency_key IS NULL) = (concurrency_limit IS NULL) AND concurrency_limit >= 1",
+            name=op.f("sqla_jobs_job_concurrency_check"),
+        ),
         schema=schema,
     )
     op.create_index(
         op.f("sqla_jobs_job_claim_idx"),
         "sqla_jobs_job",
         ["queue", "priority", "run_at", "id"],
-        postgresql_where=sa.text("state = 'pending'"),
+        postgresql_where=sa.text("state = 'pending' AND concurrency_key IS NULL"),
+        schema=schema,
+    )
+    op.create_index(
+        op.f("sqla_jobs_job_keyed_idx"),
+        "sqla_jobs_job",
+        ["queue", "concurrency_key", "priority", "run_at", "id"],
+        postgresql_where=sa.text("state = 'pending' AND concurrency_key IS NOT NULL"),
         schema=schema,
     )
     op.create_index(
         op.f("sqla_jobs_job_running_idx"),
         "sqla_jobs_job",
-        ["id"],
+        ["concurrency_key"],
         postgresql_where=sa.text("state = 'running'"),
         schema=schema,
     )
