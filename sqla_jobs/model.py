@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
+    DDL,
     BigInteger,
     CheckConstraint,
     DateTime,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     MetaData,
     SmallInteger,
     Text,
+    event,
     func,
     text,
 )
@@ -152,7 +154,8 @@ class JobHistory(Base):
 
     __tablename__ = HISTORY_TABLE
 
-    id: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    #: The finished job's id (no sequence of its own).
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     queue: Mapped[str] = mapped_column(Text)
     kind: Mapped[str] = mapped_column(Text)
     payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
@@ -174,6 +177,19 @@ JOB_TABLE_STORAGE: dict[str, str] = {
     "autovacuum_vacuum_cost_limit": "2000",
     "autovacuum_vacuum_cost_delay": "1",
 }
+
+
+# create_all() must build the same table the migration does. (SQLAlchemy 2.0 has no
+# postgresql_with for tables, so the parameters are set right after CREATE TABLE.)
+event.listen(
+    Job.__table__,
+    "after_create",
+    DDL(  # type: ignore[no-untyped-call]
+        "ALTER TABLE %(fullname)s SET ("
+        + ", ".join(f"{k} = {v}" for k, v in JOB_TABLE_STORAGE.items())
+        + ")"
+    ),
+)
 
 
 def notify_channel(schema: str | None) -> str:

@@ -241,15 +241,24 @@ def lock_keys() -> Select[tuple[str]]:
     the claim transaction commits. Served by ``sqla_jobs_job_keyed_idx``.
     """
     heads = (
-        select(job.c.concurrency_key, job.c.priority, job.c.run_at, job.c.id)
+        select(
+            job.c.concurrency_key,
+            job.c.priority,
+            job.c.run_at,
+            job.c.id,
+            func.row_number()
+            .over(
+                partition_by=job.c.concurrency_key,
+                order_by=(job.c.priority, job.c.run_at, job.c.id),
+            )
+            .label("rank"),
+        )
         .where(
             job.c.state == PENDING,
             job.c.concurrency_key.is_not(None),
             job.c.queue == bindparam("queue", type_=Text),
             job.c.run_at <= func.now(),
         )
-        .distinct(job.c.concurrency_key)
-        .order_by(job.c.concurrency_key, job.c.priority, job.c.run_at, job.c.id)
         .cte("heads")
         .prefix_with("MATERIALIZED")
     )
@@ -257,6 +266,7 @@ def lock_keys() -> Select[tuple[str]]:
     # head would lock keys we then leave, starving other workers of them for no reason.
     candidates = (
         select(heads.c.concurrency_key)
+        .where(heads.c.rank == 1)
         .order_by(heads.c.priority, heads.c.run_at, heads.c.id)
         .limit(bindparam("scan", type_=BigInteger))
         .cte("candidates")

@@ -25,16 +25,10 @@ from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from . import statements
-from .backoff import DEFAULT_BACKOFF
+from ._sql import Compiled, WorkerSQL
 from .jobs import Jobs
 from .model import Job, JobState
 from .worker import JobContext
-
-_CLAIM = statements.claim()
-_COMPLETE = statements.complete()
-_FAIL = statements.fail()
-_RECORD_STEP = statements.record_step()
 
 
 def enqueued(
@@ -80,13 +74,17 @@ def run_jobs(
     its failure is recorded; otherwise errors are collected in the result.
     """
     result = RunResult()
-    opts = {} if jobs.schema is None else {"schema_translate_map": {None: jobs.schema}}
+    sql = WorkerSQL(jobs.schema)
     session.flush()
+    # The worker's own compiled statements, on the session's connection and transaction.
+    conn = session.connection()
+
+    def execute(stmt: Compiled, **params: Any) -> Any:
+        return conn.exec_driver_sql(stmt.sql, stmt.params(**params))
+
     for queue in queues or sorted({k.options.queue for k in jobs}):
-        rows = session.execute(
-            _CLAIM,
-            {"queue": queue, "limit": limit, "lease": timedelta(minutes=5), "worker": "testing"},
-            execution_options=opts,
+        rows = execute(
+            sql.claim, queue=queue, limit=limit, lease=timedelta(minutes=5), worker="testing"
         ).all()
         for row in rows:
             kind = jobs.get(row.kind)
@@ -104,11 +102,7 @@ def run_jobs(
                 steps=dict(row.steps or {}),
                 lease_token=row.lease_token,
                 recorder=lambda job_id, token, name, value: (
-                    session.execute(
-                        _RECORD_STEP,
-                        {"id": job_id, "token": token, "name": name, "value": value},
-                        execution_options=opts,
-                    ).first()
+                    execute(sql.record_step, id=job_id, token=token, name=name, value=value).first()
                     is not None
                 ),
             )
@@ -117,27 +111,20 @@ def run_jobs(
                 if inspect.isawaitable(value):
                     asyncio.run(_await(value))
             except Exception as exc:
-                session.execute(
-                    _FAIL,
-                    {
-                        "id": row.id,
-                        "token": row.lease_token,
-                        "error": f"{type(exc).__name__}: {exc}",
-                        "force_dead": False,
-                        **(kind.options.backoff or DEFAULT_BACKOFF).sql_params(),
-                    },
-                    execution_options=opts,
+                execute(
+                    sql.fail,
+                    id=row.id,
+                    token=row.lease_token,
+                    error=f"{type(exc).__name__}: {exc}",
+                    force_dead=False,
+                    **kind.options.backoff.sql_params(),
                 )
                 result.failed += 1
                 result.errors.append(exc)
                 if raise_errors:
                     raise
             else:
-                session.execute(
-                    _COMPLETE,
-                    {"ids": [row.id], "tokens": [row.lease_token]},
-                    execution_options=opts,
-                )
+                execute(sql.complete, ids=[row.id], tokens=[row.lease_token])
                 result.done += 1
     return result
 

@@ -94,7 +94,7 @@ def upgrade() -> None:
     op.execute(f"ALTER TABLE {_qualified(schema, 'sqla_jobs_job')} SET ({_STORAGE})")
     op.create_table(
         "sqla_jobs_history",
-        sa.Column("id", sa.BigInteger(), nullable=False),
+        sa.Column("id", sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column("queue", sa.Text(), nullable=False),
         sa.Column("kind", sa.Text(), nullable=False),
         sa.Column("payload", postgresql.JSONB(), nullable=False),
@@ -110,6 +110,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     schema = migration_schema()
     op.drop_table("sqla_jobs_history", schema=schema)
-    op.drop_index("sqla_jobs_job_running_idx", table_name=op.f("sqla_jobs_job"), schema=schema)
-    op.drop_index("sqla_jobs_job_claim_idx", table_name=op.f("sqla_jobs_job"), schema=schema)
+    # drop_table takes the table's indexes with it.
     op.drop_table("sqla_jobs_job", schema=schema)
