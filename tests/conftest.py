@@ -33,7 +33,9 @@ def alembic_config(url: str) -> Config:
 def create_database(server_url: str, prefix: str = "sqla_jobs_test") -> str:
     """Create a database with a unique name on the server; return its URL."""
     name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
-    admin = create_engine(sqlalchemy_url(server_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    admin = create_engine(
+        sqlalchemy_url(server_url), isolation_level="AUTOCOMMIT", poolclass=NullPool
+    )
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     admin.dispose()
@@ -43,7 +45,9 @@ def create_database(server_url: str, prefix: str = "sqla_jobs_test") -> str:
 def drop_database(server_url: str, url: str) -> None:
     """Drop the database ``url`` names, disconnecting whoever is still in it."""
     name = create_engine(sqlalchemy_url(url)).url.database
-    admin = create_engine(sqlalchemy_url(server_url), isolation_level="AUTOCOMMIT", poolclass=NullPool)
+    admin = create_engine(
+        sqlalchemy_url(server_url), isolation_level="AUTOCOMMIT", poolclass=NullPool
+    )
     with admin.connect() as conn:
         conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
