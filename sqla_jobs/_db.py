@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -94,7 +95,20 @@ def embedded_server() -> Iterator[str]:
     finally:
         if server is not None:
             server.cleanup()
+        else:
+            _kill_postmaster(root / "data")
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _kill_postmaster(pgdata: Path) -> None:
+    # Interrupted while get_server() was starting it: no handle to stop it with, but the postmaster
+    # may be up. pg_ctl refuses to run as root, so signal the pid it wrote (fast shutdown).
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGINT)
 
 
 @contextlib.contextmanager

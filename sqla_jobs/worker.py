@@ -393,7 +393,9 @@ class Worker:
             try:
                 await self._flush()
                 claimed = 0
-                free = self.config.concurrency - len(self._active)
+                # Finished-but-unwritten jobs still hold their rows as running: count them, so
+                # the rows running for this worker never exceed its concurrency.
+                free = self.config.concurrency - len(self._active) - len(self._finished)
                 if free > 0 and not self._drained:
                     claimed = await self._claim(free)
                     # Fewer than asked: the queue is empty for now. Until a NOTIFY or the poll
@@ -588,14 +590,23 @@ class Worker:
                     if self.config.keep_history
                     else self._sql.complete
                 )
-                await conn.execute(
+                cur = await conn.execute(
                     stmt.sql,
                     stmt.params(ids=[j.id for j in done], tokens=[j.lease_token for j in done]),
                 )
-                self.counts["done"] += len(done)
-            for f in batch:
-                if f.error is not None:
-                    await self._fail(conn, f)
+                written = len(await cur.fetchall())
+                self.counts["done"] += written
+                if written < len(done):
+                    log.warning(
+                        "%d completions refused by the lease fence (leases lost; the jobs belong "
+                        "to other workers now)",
+                        len(done) - written,
+                        extra={"event": "lease_lost"},
+                    )
+                batch = [f for f in batch if f.error is not None]
+            while batch:
+                await self._fail(conn, batch[0])
+                batch.pop(0)
         except BaseException:
             # Not written: keep them for the next flush (the writes are fenced and idempotent).
             self._finished = batch + self._finished

@@ -1,0 +1,79 @@
+"""`sqla-jobs demo` tells the design's story on a real server, in under a minute, and cleans up."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+from sqla_jobs._db import libpq_conninfo
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _search(pattern: str, text: str) -> re.Match[str]:
+    match = re.search(pattern, text, re.MULTILINE)
+    assert match is not None, f"no line matching {pattern!r} in the demo's output:\n{text}"
+    return match
+
+
+def test_demo_runs_every_step_on_its_own_database_and_drops_it(server_url: str) -> None:
+    env = {**os.environ, "DATABASE_URL": server_url}
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "sqla_jobs.cli", "demo"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    elapsed = time.monotonic() - started
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert elapsed < 60, f"the demo took {elapsed:.1f}s"
+
+    # 3: the business row and its jobs commit together; a rollback leaves neither.
+    _search(r"inside the transaction: .* another connection sees 0 jobs$", out)
+    _search(r"^ *committed: another connection now sees 20 pending jobs", out)
+    _search(r"rolled back -> 0 invoice, 0 job left$", out)
+    # 4: one claim fills the 4 slots, and nobody waits on a lock.
+    # (A finished job's row may stay 'running' a few ms after its slot took the next job.)
+    _search(r"db: [4-8] jobs running at once, 0 connections waiting on a lock$", out)
+    _search(
+        r"at most [4-8] jobs running at once; samples with a connection waiting on a lock: 0$", out
+    )
+    _search(r"worker-A stopped gracefully: claimed 25, done 19, failed 5, dead 1$", out)
+    # 5: retries pushed by the database, then done; the broken kind dead with its error.
+    _search(r"-> back to pending, due again in 1\.\d\ds \(run_at set by the database\)$", out)
+    _search(r"-> 200 OK on attempt 3$", out)
+    _search(r"-> DEAD: its failure budget is spent", out)
+    _search(r"^ *send_invoice +done +16 +16 *$", out)
+    _search(r"^ *flaky_webhook +done +3 +7 *$", out)
+    _search(r"^ *broken_report +dead +1 +2 +FileNotFoundError: report template", out)
+    # 6: the frozen worker's job is reaped, rerun elsewhere, and its late write fenced out.
+    _search(r"reaped job \d+ \(nightly_export\) from worker worker-B: crash 1, now pending$", out)
+    _search(r"is still running on worker-C: worker-B's DELETE was fenced", out)
+    _search(r"done once, by worker-C, with attempts=2 and crashes=1$", out)
+    # 7: the final stats: nothing pending or running, the dead job visible.
+    _search(r"^ *default +0 +0 +1 +- *$", out)
+    # 8: the measured comparison, and SKIP LOCKED ahead.
+    _search(r"^ *FOR UPDATE +SKIP LOCKED *$", out)
+    _search(r"^ *claims per second +[\d,]+ +[\d,]+ *$", out)
+    _search(r"^ *connections waiting on a lock +\d+\.\d of 4 +\d+\.\d of 4 *$", out)
+    ratio = float(_search(r"SKIP LOCKED claimed (\d+\.\d)x as many jobs per second", out)[1])
+    assert ratio > 1.0
+
+    name = _search(r"created the throw-away database (sqla_jobs_demo_[0-9a-f]+);", out)[1]
+    _search(rf"^dropped the demo database {name}$", out)
+    with psycopg.connect(libpq_conninfo(server_url), autocommit=True) as conn:
+        left = conn.execute(
+            "SELECT datname FROM pg_database WHERE datname = %s", (name,)
+        ).fetchall()
+    assert left == [], f"the demo left its database {name} behind"
