@@ -5,6 +5,7 @@ nox -s lint        ruff check + ruff format --check
 nox -s typecheck   mypy --strict on the package
 nox -s demo        the guided demo (embedded PostgreSQL unless DATABASE_URL is set)
 nox -s bench       the benchmark suite (writes bench/results/)
+nox -s chaos       the reliability suite at full size; regenerates RELIABILITY.md
 """
 
 from __future__ import annotations
@@ -23,6 +24,22 @@ def tests(session: nox.Session) -> None:
     """Run the test suite against a real PostgreSQL."""
     session.install("-e", ".[test]")
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def chaos(session: nox.Session) -> None:
+    """The reliability suite at full size; regenerates RELIABILITY.md from its figures."""
+    session.install("-e", ".[test]")
+    figures = f"{session.create_tmp()}/figures.jsonl"
+    session.run("rm", "-f", figures, external=True)
+    session.run(
+        "pytest",
+        "tests/reliability",
+        *session.posargs,
+        env={"SQLA_JOBS_CHAOS": "full", "SQLA_JOBS_FIGURES": figures},
+    )
+    with open("RELIABILITY.md", "w") as out:
+        session.run("python", "-m", "tests.reliability.report", figures, stdout=out)
 
 
 @nox.session

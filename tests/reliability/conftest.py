@@ -1,0 +1,76 @@
+"""Fixtures of the reliability suite: scale, and the figures each scenario publishes.
+
+Scenarios run scaled down in the default test command; ``nox -s chaos`` sets
+``SQLA_JOBS_CHAOS=full`` for full size and ``SQLA_JOBS_FIGURES`` to a JSON-lines file that
+``python -m tests.reliability.report`` turns into RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+FULL = os.environ.get("SQLA_JOBS_CHAOS") == "full"
+
+
+def scaled(small: int, full: int) -> int:
+    """``full`` under ``nox -s chaos``, ``small`` in the default test run."""
+    return full if FULL else small
+
+
+@dataclass
+class Figures:
+    """Collects one scenario's figures; written out when the test passes."""
+
+    scenario: str
+    injects: str
+    command: str
+    values: dict[str, Any]
+
+    def record(self, **values: Any) -> None:
+        """Add figures (kills, jobs, lost, duplicated, recovery_s, ...)."""
+        self.values.update(values)
+
+
+@pytest.fixture
+def figures(request: pytest.FixtureRequest) -> Iterator[Figures]:
+    """``figures.record(...)`` in a test publishes its numbers to RELIABILITY.md (chaos run)."""
+    doc = (request.node.function.__doc__ or request.node.name).strip().splitlines()[0]
+    node = request.node.nodeid
+    fig = Figures(
+        scenario=doc,
+        injects=getattr(request.node.function, "injects", ""),
+        command=f"SQLA_JOBS_CHAOS=full python -m pytest '{node}'",
+        values={},
+    )
+    yield fig
+    out = os.environ.get("SQLA_JOBS_FIGURES")
+    if out and fig.values:
+        line = {
+            "node": node,
+            "scenario": fig.scenario,
+            "injects": fig.injects,
+            "command": fig.command,
+            "scale": "full" if FULL else "small",
+            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "figures": fig.values,
+        }
+        with Path(out).open("a") as fh:
+            fh.write(json.dumps(line, default=str) + "\n")
+
+
+def injects(description: str) -> Any:
+    """Decorator: what the scenario injects, for the RELIABILITY.md table."""
+
+    def mark(fn: Any) -> Any:
+        fn.injects = description
+        return fn
+
+    return mark
