@@ -35,6 +35,7 @@ class LeaseKeeper(threading.Thread):
         self,
         *,
         conninfo: str,
+        application_name: str,
         sql: WorkerSQL,
         lease: timedelta,
         heartbeat: float,
@@ -45,6 +46,7 @@ class LeaseKeeper(threading.Thread):
     ) -> None:
         super().__init__(name=f"sqla-jobs-leases-{name}", daemon=True)
         self._conninfo = conninfo
+        self._application_name = application_name
         self._sql = sql
         self._lease = lease
         self._heartbeat = heartbeat
@@ -88,7 +90,12 @@ class LeaseKeeper(threading.Thread):
 
     def _connection(self) -> psycopg.Connection[tuple[object, ...]]:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(self._conninfo, autocommit=True, connect_timeout=5)
+            self._conn = psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                connect_timeout=5,
+                application_name=self._application_name,
+            )
         return self._conn
 
     def _close(self) -> None:

@@ -29,11 +29,13 @@ class Listener:
         queues: Collection[str],
         wake: Callable[[], None],
         *,
+        application_name: str = "sqla-jobs listen",
         check_interval: float = 5.0,
         check_timeout: float = 5.0,
         max_backoff: float = 5.0,
     ) -> None:
         self._conninfo = conninfo
+        self._application_name = application_name
         self._channel = channel
         self._queues = frozenset(queues)
         self._wake = wake
@@ -71,7 +73,10 @@ class Listener:
 
     async def _listen(self) -> None:
         conn = await psycopg.AsyncConnection.connect(
-            self._conninfo, autocommit=True, connect_timeout=5
+            self._conninfo,
+            autocommit=True,
+            connect_timeout=5,
+            application_name=self._application_name,
         )
         self._conn = conn
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))

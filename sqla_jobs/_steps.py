@@ -23,8 +23,9 @@ class StepWriter:
     Sync handlers call it from their threads; async handlers through ``asyncio.to_thread``.
     """
 
-    def __init__(self, conninfo: str, statement: Compiled) -> None:
+    def __init__(self, conninfo: str, statement: Compiled, application_name: str) -> None:
         self._conninfo = conninfo
+        self._application_name = application_name
         self._statement = statement
         self._idle: queue.LifoQueue[psycopg.Connection[tuple[object, ...]]] = queue.LifoQueue()
 
@@ -48,7 +49,12 @@ class StepWriter:
         try:
             conn = self._idle.get_nowait()
         except queue.Empty:
-            return psycopg.connect(self._conninfo, autocommit=True, connect_timeout=10)
+            return psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                connect_timeout=10,
+                application_name=self._application_name,
+            )
         if conn.closed:
             return self._take()
         return conn

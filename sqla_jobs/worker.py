@@ -271,7 +271,7 @@ class Worker:
             for k in jobs
             if k.handler is not None and k.options.queue in self.config.queues
         )
-        self._steps = StepWriter(self.conninfo, self._sql.record_step)
+        self._steps = StepWriter(self.conninfo, self._sql.record_step, self._app_name("steps"))
         self._lease = timedelta(seconds=lease)
         self._active: dict[int, tuple[ClaimedJob, JobContext, asyncio.Task[None]]] = {}
         self._finished: list[_Finished] = []
@@ -280,6 +280,8 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
         self._drained = False
+        #: Bumped by every wakeup, so a claim can tell whether one arrived while it was in flight.
+        self._wakeups = 0
         self._queue_turn = 0
         self._executor = ThreadPoolExecutor(
             max_workers=concurrency * 2, thread_name_prefix="sqla-jobs-handler"
@@ -299,11 +301,19 @@ class Worker:
         if loop is not None and wake is not None and not loop.is_closed():
             loop.call_soon_threadsafe(wake.set)
 
+    def _app_name(self, role: str) -> str:
+        # Shown in pg_stat_activity: which worker, and which of its connections (max 63 bytes).
+        return f"sqla-jobs {role} {self.name}"[:63]
+
     def wake(self) -> None:
         """Make the fetch loop look for work now (what a NOTIFY does)."""
         if self._wake is not None:
-            self._drained = False
+            self._undrain()
             self._wake.set()
+
+    def _undrain(self) -> None:
+        self._wakeups += 1
+        self._drained = False
 
     def run_sync(self, *, install_signal_handlers: bool = True) -> int:
         """Run until stopped; return the exit code (0 after a graceful stop).
@@ -326,6 +336,7 @@ class Worker:
         self._conn = await self._connect()
         self.leases = LeaseKeeper(
             conninfo=self.conninfo,
+            application_name=self._app_name("leases"),
             sql=self._sql,
             lease=self._lease,
             heartbeat=self.config.heartbeat_seconds,
@@ -338,7 +349,11 @@ class Worker:
         listener_task = None
         if self.config.listen:
             self.listener = Listener(
-                self.conninfo, self.jobs.channel, self.config.queues, self.wake
+                self.conninfo,
+                self.jobs.channel,
+                self.config.queues,
+                self.wake,
+                application_name=self._app_name("listen"),
             )
             listener_task = asyncio.create_task(self.listener.run(), name="sqla-jobs-listener")
         log.info(
@@ -397,10 +412,13 @@ class Worker:
                 # the rows running for this worker never exceed its concurrency.
                 free = self.config.concurrency - len(self._active) - len(self._finished)
                 if free > 0 and not self._drained:
+                    wakeups = self._wakeups
                     claimed = await self._claim(free)
                     # Fewer than asked: the queue is empty for now. Until a NOTIFY or the poll
-                    # timer says otherwise, finishing jobs only flush, they do not re-claim.
-                    self._drained = claimed < free
+                    # timer says otherwise, finishing jobs only flush, they do not re-claim. But a
+                    # wakeup that arrived while the claim was in flight may announce a job
+                    # committed after the claim's snapshot: it must not be erased.
+                    self._drained = claimed < free and self._wakeups == wakeups
                 failures = 0
             except CONNECTION_ERRORS as exc:
                 failures += 1
@@ -434,7 +452,10 @@ class Worker:
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
         return await psycopg.AsyncConnection.connect(
-            self.conninfo, autocommit=True, connect_timeout=10
+            self.conninfo,
+            autocommit=True,
+            connect_timeout=10,
+            application_name=self._app_name("claim"),
         )
 
     async def _close(self) -> None:
@@ -523,6 +544,8 @@ class Worker:
 
     async def _run_job(self, job: ClaimedJob, ctx: JobContext) -> None:
         outcome = _Finished(job)
+        # Task.cancelled() only turns true once the task has finished, never inside it.
+        cancelled = False
         try:
             kind = self.jobs.get(job.kind)
             if kind is None or kind.handler is None:
@@ -542,19 +565,20 @@ class Worker:
                 return
             await self._call(kind, args, ctx)
         except asyncio.CancelledError:
-            outcome.error = None
+            # Cancelled at the shutdown timeout: no outcome to write; _shutdown releases the job.
+            cancelled = True
             raise
         except HandlerTimeout as exc:
             outcome.error = str(exc)
         except Exception as exc:
             outcome.error = _describe(exc)
         finally:
-            if not asyncio.current_task().cancelled():  # type: ignore[union-attr]
+            if not cancelled:
                 self._finished.append(outcome)
             self._active.pop(job.id, None)
             if job.concurrency_key is not None:
                 # Its key has room again: look for the key's next job without waiting for a poll.
-                self._drained = False
+                self._undrain()
             if self._wake is not None:
                 self._wake.set()
 

@@ -32,7 +32,7 @@ def _worker(url: str, *extra: str) -> subprocess.Popen[bytes]:
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
     )
 
 

@@ -1,0 +1,71 @@
+"""Helpers for tests that run real ``sqla-jobs`` processes against the session's database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+REPO = Path(__file__).resolve().parents[2]
+#: How long any single condition may take before the test fails.
+DEADLINE = 15.0
+
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
+    """Poll ``check`` until it returns something truthy and return that; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what}")
+        time.sleep(0.05)
+
+
+def cli_env(database_url: str | None) -> dict[str, str]:
+    """The environment of a ``sqla-jobs`` process: ours, without any SQLA_JOBS_* setting that
+    would change its behaviour, and with ``DATABASE_URL``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SQLA_JOBS_")}
+    env.pop("DATABASE_URL", None)
+    if database_url is not None:
+        env["DATABASE_URL"] = database_url
+    return env
+
+
+def run_cli(*args: str, database_url: str | None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m sqla_jobs.cli ARGS`` to completion from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "sqla_jobs.cli", *args],
+        cwd=REPO,
+        env=cli_env(database_url),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@dataclass
+class WorkerProcess:
+    """A ``sqla-jobs worker tests.acceptance.app:jobs`` process and its log file."""
+
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_logged(self, event: str) -> None:
+        """Wait until the worker logs ``event=<event>`` (or fail, showing the log)."""
+        try:
+            wait_until(lambda: f"event={event}" in self.log, f"worker logs event={event}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; exit code {self.proc.poll()}; log:\n{self.log}") from None

@@ -1,0 +1,939 @@
+"""The worker, in process, against a real PostgreSQL: claims, outcomes, leases, wakeups, shutdown.
+
+Each test runs :class:`Worker` in a thread (``run_sync(install_signal_handlers=False)``) through
+:func:`running`, which waits for ``worker.started`` and always stops and joins it. Nothing sleeps to
+let time pass: tests wait on events with timeouts or poll the database with a deadline, and where a
+job must become due again the test moves ``run_at`` to the database's ``now()`` itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+import pytest
+from psycopg import sql
+from pydantic import BaseModel
+from sqlalchemy import Engine, Row, text
+from sqlalchemy.orm import Session
+
+from sqla_jobs import Backoff, ConfigurationError, JobContext, Jobs, Worker
+from sqla_jobs._db import libpq_conninfo
+
+T = TypeVar("T")
+
+#: How long any single condition may take before the test fails (generous: CI machines are slow).
+DEADLINE = 10.0
+#: A URL nothing listens on: configuration errors must be raised before any connection is tried.
+NOWHERE = "postgresql://nobody@127.0.0.1:1/nothing"
+
+
+# -- harness ----------------------------------------------------------------------------------------
+
+
+def wait_until(check: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
+    """Poll ``check`` until it returns something truthy and return that; fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout:g}s: {what}")
+        time.sleep(0.02)
+
+
+class WorkerThread:
+    """One in-process worker on its own thread, whose crash (if any) is re-raised on :meth:`stop`."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name=f"test-{worker.name}", daemon=True)
+
+    def _main(self) -> None:
+        try:
+            self.worker.run_sync(install_signal_handlers=False)
+        except BaseException as exc:
+            self.error = exc
+
+    def start(self) -> None:
+        """Start the thread and wait until the worker says it has started."""
+        self.thread.start()
+        started = self.worker.started.wait(DEADLINE)
+        assert self.error is None, f"worker crashed while starting: {self.error!r}"
+        assert started, "worker did not start"
+
+    def stop(self) -> None:
+        """Stop the worker gracefully, join its thread, and re-raise anything it crashed with."""
+        self.worker.stop()
+        self.thread.join(self.worker.config.shutdown_timeout + DEADLINE)
+        assert not self.thread.is_alive(), "worker did not stop"
+        if self.error is not None:
+            raise AssertionError(f"worker crashed: {self.error!r}") from self.error
+
+
+@contextlib.contextmanager
+def running(*workers: Worker) -> Iterator[list[WorkerThread]]:
+    """Start ``workers`` in threads, wait for ``started``, and stop and join them all on exit."""
+    threads = [WorkerThread(w) for w in workers]
+    try:
+        for t in threads:
+            t.start()
+        yield threads
+    finally:
+        for t in threads:
+            t.worker.stop()
+        for t in threads:
+            if t.thread.ident is not None:
+                t.thread.join(t.worker.config.shutdown_timeout + DEADLINE)
+    for t in threads:
+        t.stop()  # already stopped: only asserts it ended and did not crash
+
+
+@dataclass(frozen=True)
+class Run:
+    """One handler call, as the handler saw it."""
+
+    job_id: int
+    kind: str
+    attempt: int
+    crashes: int
+    worker: str
+    thread: str
+    at: float
+    args: BaseModel
+    ctx: JobContext
+
+
+class Runs:
+    """A thread-safe log of handler calls that tests can wait on."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._runs: list[Run] = []
+
+    def record(self, args: BaseModel, ctx: JobContext) -> Run:
+        run = Run(
+            job_id=ctx.job_id,
+            kind=ctx.kind,
+            attempt=ctx.attempt,
+            crashes=ctx.crashes,
+            worker=ctx.worker,
+            thread=threading.current_thread().name,
+            at=time.monotonic(),
+            args=args,
+            ctx=ctx,
+        )
+        with self._cond:
+            self._runs.append(run)
+            self._cond.notify_all()
+        return run
+
+    @property
+    def all(self) -> list[Run]:
+        with self._cond:
+            return list(self._runs)
+
+    def of(self, job_id: int) -> list[Run]:
+        return [r for r in self.all if r.job_id == job_id]
+
+    def wait_for(
+        self, condition: Callable[[list[Run]], bool], what: str, timeout: float = DEADLINE
+    ) -> list[Run]:
+        with self._cond:
+            if not self._cond.wait_for(lambda: condition(self._runs), timeout):
+                raise AssertionError(f"not within {timeout:g}s: {what}; runs: {self._runs!r}")
+            return list(self._runs)
+
+
+class Ping(BaseModel):
+    n: int = 0
+
+
+class Pong(BaseModel):
+    n: int = 0
+
+
+class Typed(BaseModel):
+    n: int
+
+
+# -- database helpers -------------------------------------------------------------------------------
+
+
+def enqueue(engine: Engine, jobs: Jobs, payloads: Sequence[BaseModel], **options: Any) -> list[int]:
+    """Enqueue ``payloads`` in one committed transaction (which NOTIFYs); return their ids."""
+    with Session(engine) as session:
+        ids = jobs.enqueue_many(session, payloads, **options)
+        session.commit()
+    return ids
+
+
+def insert_raw(engine: Engine, kind: str, payload: str, **columns: Any) -> int:
+    """Insert a row by hand, bypassing validation and NOTIFY (as another deploy might have)."""
+    names = ", ".join(["kind", "payload", *columns])
+    values = ", ".join([":kind", "CAST(:payload AS jsonb)", *(f":{c}" for c in columns)])
+    with engine.begin() as conn:
+        job_id: int = conn.execute(
+            text(f"INSERT INTO sqla_jobs_job ({names}) VALUES ({values}) RETURNING id"),
+            {"kind": kind, "payload": payload, **columns},
+        ).scalar_one()
+    return job_id
+
+
+def job_row(engine: Engine, job_id: int) -> Row[Any] | None:
+    """The job's row with ``due_in`` (seconds from the database's now() to run_at)."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text(
+                "SELECT *, extract(epoch FROM run_at - now())::float AS due_in "
+                "FROM sqla_jobs_job WHERE id = :id"
+            ),
+            {"id": job_id},
+        ).first()
+
+
+def count(engine: Engine, where: str = "true", table: str = "sqla_jobs_job") -> int:
+    with engine.connect() as conn:
+        n: int = conn.execute(text(f"SELECT count(*) FROM {table} WHERE {where}")).scalar_one()
+    return n
+
+
+def execute(engine: Engine, sql: str, **params: Any) -> None:
+    with engine.begin() as conn:
+        conn.execute(text(sql), params)
+
+
+def make_due(engine: Engine, job_id: int) -> None:
+    """Inject time: the job's retry is due now (instead of waiting out its backoff)."""
+    execute(engine, "UPDATE sqla_jobs_job SET run_at = now() WHERE id = :id", id=job_id)
+
+
+def backend_pids(engine: Engine, query_like: str) -> list[int]:
+    """Backends of this database (other than ours) whose current or last query matches."""
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND query ILIKE :like"
+                ),
+                {"like": query_like},
+            ).scalars()
+        )
+
+
+def terminate(engine: Engine, pid: int) -> None:
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar()
+
+
+# -- many workers ------------------------------------------------------------------------------------
+
+
+def test_three_workers_run_each_of_3000_jobs_exactly_once(clean: Engine, migrated_url: str) -> None:
+    jobs = Jobs()
+    lock = threading.Lock()
+    executions: Counter[int] = Counter()
+    by_worker: Counter[str] = Counter()
+
+    def note(ctx: JobContext) -> None:
+        with lock:
+            executions[ctx.job_id] += 1
+            by_worker[ctx.worker] += 1
+
+    @jobs.kind("async_job", Ping)
+    async def async_job(args: Ping, ctx: JobContext) -> None:
+        note(ctx)
+
+    @jobs.kind("sync_job", Pong)
+    def sync_job(args: Pong, ctx: JobContext) -> None:
+        note(ctx)
+
+    workers = [
+        Worker(jobs, migrated_url, concurrency=4, poll_interval=0.2, name=f"w{i}") for i in range(3)
+    ]
+    with running(*workers):
+        payloads: list[BaseModel] = [Ping(n=i) if i % 2 else Pong(n=i) for i in range(3000)]
+        ids = enqueue(clean, jobs, payloads)
+        wait_until(lambda: count(clean) == 0, "all 3000 jobs done", timeout=60)
+    assert set(executions) == set(ids)
+    assert max(executions.values()) == 1, "a job ran more than once"
+    assert sum(w.counts["claimed"] for w in workers) == 3000
+    assert sum(w.counts["done"] for w in workers) == 3000
+    assert all(by_worker[w.name] > 0 for w in workers), f"a worker got no jobs: {by_worker}"
+    assert count(clean, table="sqla_jobs_history") == 0
+
+
+# -- handlers ---------------------------------------------------------------------------------------
+
+
+def test_sync_handlers_run_in_the_pool_and_async_ones_on_the_loop(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+
+    @jobs.kind("sync_kind", Ping)
+    def sync_kind(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    @jobs.kind("async_kind", Pong)
+    async def async_kind(args: Pong, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    worker = Worker(jobs, migrated_url, poll_interval=0.2)
+    with running(worker) as (wt,):
+        sync_id, async_id = enqueue(clean, jobs, [Ping(n=7), Pong(n=8)])
+        runs.wait_for(lambda rs: len(rs) == 2, "both handlers ran")
+        wait_until(lambda: count(clean) == 0, "both jobs completed")
+    (sync_run,) = runs.of(sync_id)
+    (async_run,) = runs.of(async_id)
+    assert sync_run.args == Ping(n=7)
+    assert async_run.args == Pong(n=8)
+    assert sync_run.thread.startswith("sqla-jobs-handler")
+    assert async_run.thread == wt.thread.name
+    assert (sync_run.attempt, sync_run.crashes, sync_run.worker) == (1, 0, worker.name)
+    assert worker.counts["done"] == 2
+
+
+def test_handlers_past_their_kind_timeout_are_failed_as_timed_out(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    release = threading.Event()
+    cancelled = threading.Event()
+
+    @jobs.kind("hang_async", Ping, timeout=0.2)
+    async def hang_async(args: Ping, ctx: JobContext) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    @jobs.kind("hang_sync", Pong, timeout=0.2)
+    def hang_sync(args: Pong, ctx: JobContext) -> None:
+        release.wait(DEADLINE)
+
+    worker = Worker(jobs, migrated_url, poll_interval=0.2)
+    try:
+        with running(worker):
+            ids = enqueue(clean, jobs, [Ping(), Pong()])
+            wait_until(lambda: worker.counts["failed"] == 2, "both timeouts recorded")
+    finally:
+        release.set()
+    assert cancelled.is_set(), "the async handler was not cancelled"
+    for job_id in ids:
+        row = job_row(clean, job_id)
+        assert row is not None
+        assert (row.state, row.attempts, row.lease_token) == ("pending", 1, None)
+        assert row.last_error == "timed out after 0.2s"
+        assert row.due_in > 0, "a timeout is a failure: the retry is backed off"
+
+
+# -- failures and backoff ---------------------------------------------------------------------------
+
+
+def test_failures_back_off_on_the_database_clock_until_dead(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    backoff = Backoff(base=2, cap_seconds=5, jitter=0)
+
+    @jobs.kind("flaky", Ping, backoff=backoff, max_attempts=4)
+    def flaky(args: Ping, ctx: JobContext) -> None:
+        raise RuntimeError(f"attempt {ctx.attempt} failed")
+
+    worker = Worker(jobs, migrated_url, poll_interval=0.2)
+    with running(worker):
+        (job_id,) = enqueue(clean, jobs, [Ping()])
+        for failures in (1, 2, 3):
+            row = wait_until(
+                lambda n=failures: (
+                    (r := job_row(clean, job_id)) is not None
+                    and r.state == "pending"
+                    and r.attempts == n
+                    and r
+                ),
+                f"failure {failures} recorded",
+            )
+            expected = backoff.delay(failures)
+            # run_at = now() + delay at the failure; we read a moment later, so slightly less.
+            assert expected - 1.0 < row.due_in <= expected + 0.01, (failures, row.due_in)
+            assert row.last_error.startswith(f"RuntimeError: attempt {failures} failed")
+            assert (row.crashes, row.lease_token, row.locked_by) == (0, None, None)
+            make_due(clean, job_id)
+        dead = wait_until(
+            lambda: (r := job_row(clean, job_id)) is not None and r.state == "dead" and r,
+            "dead after max_attempts",
+        )
+    assert dead.attempts == 4
+    assert dead.last_error.startswith("RuntimeError: attempt 4 failed")
+    assert (worker.counts["failed"], worker.counts["dead"], worker.counts["done"]) == (3, 1, 0)
+    assert [backoff.delay(n) for n in (1, 2, 3)] == [2, 4, 5], "the schedule under test is capped"
+
+
+def test_a_huge_exception_message_is_kept_as_its_first_500_characters(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+
+    @jobs.kind("loud", Ping)
+    def loud(args: Ping, ctx: JobContext) -> None:
+        raise ValueError("x" * 100_000)
+
+    worker = Worker(jobs, migrated_url, poll_interval=0.2)
+    with running(worker):
+        (job_id,) = enqueue(clean, jobs, [Ping()])
+        row = wait_until(
+            lambda: (r := job_row(clean, job_id)) is not None and r.last_error and r,
+            "failure recorded",
+        )
+    assert row.state == "pending"
+    assert len(row.last_error) == 500
+    assert row.last_error.startswith("ValueError: xxxx")
+
+
+def test_unknown_kind_is_failed_with_backoff_and_the_worker_keeps_going(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+
+    @jobs.kind("known", Ping)
+    def known(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    unknown_id = insert_raw(clean, "vanished", "{}")
+    worker = Worker(jobs, migrated_url, poll_interval=0.2)
+    with running(worker):
+        row = wait_until(
+            lambda: (r := job_row(clean, unknown_id)) is not None and r.last_error and r,
+            "the unknown kind's failure recorded",
+        )
+        (known_id,) = enqueue(clean, jobs, [Ping(n=1)])
+        runs.wait_for(lambda rs: [r.job_id for r in rs] == [known_id], "the known job ran")
+        wait_until(lambda: job_row(clean, known_id) is None, "the known job completed")
+    assert (row.state, row.attempts, row.crashes, row.lease_token) == ("pending", 1, 0, None)
+    assert "unknown kind 'vanished'" in row.last_error
+    assert 0.5 < row.due_in <= 2.0, "failed with the default backoff (2 s after one failure)"
+    assert (worker.counts["failed"], worker.counts["done"]) == (1, 1)
+
+
+def test_payload_that_no_longer_validates_is_dead_at_once(clean: Engine, migrated_url: str) -> None:
+    jobs = Jobs()
+    runs = Runs()
+
+    @jobs.kind("typed", Typed, max_attempts=10)
+    def typed(args: Typed, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    job_id = insert_raw(clean, "typed", '{"n": "not a number"}')
+    worker = Worker(jobs, migrated_url, poll_interval=0.2)
+    with running(worker):
+        row = wait_until(
+            lambda: (r := job_row(clean, job_id)) is not None and r.state == "dead" and r,
+            "the job is dead",
+        )
+    assert row.attempts == 1
+    assert "payload no longer validates against Typed" in row.last_error
+    assert "valid integer" in row.last_error
+    assert runs.all == [], "the handler never sees an invalid payload"
+    assert (worker.counts["dead"], worker.counts["failed"]) == (1, 0)
+
+
+# -- leases -----------------------------------------------------------------------------------------
+
+
+def test_a_worker_that_lost_its_lease_cannot_complete_the_job_another_worker_reclaimed(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+    first_may_finish = threading.Event()
+    second_may_finish = threading.Event()
+
+    @jobs.kind("hold", Ping)
+    def hold(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+        (first_may_finish if ctx.crashes == 0 else second_may_finish).wait(DEADLINE)
+
+    options: dict[str, Any] = {
+        "concurrency": 1,
+        "lease": 1.5,
+        "heartbeat": 0.5,
+        "poll_interval": 0.2,
+    }
+    a = Worker(jobs, migrated_url, name="frozen-a", **options)
+    b = Worker(jobs, migrated_url, name="rescuer-b", keep_history=True, **options)
+    try:
+        with running(a) as (a_thread,):
+            assert a.leases is not None
+            a.leases.frozen.set()  # A stops heartbeating, as a stalled process would
+            (job_id,) = enqueue(clean, jobs, [Ping()])
+            (first,) = runs.wait_for(lambda rs: len(rs) == 1, "A runs the job")
+            assert first.worker == a.name
+            with running(b):
+                runs.wait_for(lambda rs: len(rs) == 2, "B reclaims the expired job and runs it")
+                held = job_row(clean, job_id)
+                assert held is not None
+                assert (held.state, held.locked_by, held.attempts, held.crashes) == (
+                    "running",
+                    b.name,
+                    2,
+                    1,
+                )
+                assert held.last_error.startswith("lease expired: worker frozen-a")
+                # A beats again, learns the lease is gone and tells its handler.
+                a.leases.frozen.clear()
+                assert first.ctx.lease_lost.wait(DEADLINE), "A's handler was not told"
+                first_may_finish.set()
+                a_thread.stop()  # flushes A's outcome: a completion under the old token
+                after = job_row(clean, job_id)
+                assert after is not None, "A's stale completion deleted B's job"
+                assert (after.state, after.locked_by, after.lease_token) == (
+                    "running",
+                    b.name,
+                    held.lease_token,
+                )
+                second_may_finish.set()
+                wait_until(lambda: job_row(clean, job_id) is None, "B completes the job")
+    finally:
+        first_may_finish.set()
+        second_may_finish.set()
+    with clean.connect() as conn:
+        history = conn.execute(text("SELECT id, attempts, crashes FROM sqla_jobs_history")).all()
+    assert [tuple(h) for h in history] == [(job_id, 2, 1)], "the row reflects B's run only"
+    assert [(r.worker, r.attempt, r.crashes) for r in runs.all] == [(a.name, 1, 0), (b.name, 2, 1)]
+
+
+def test_a_completion_rejected_by_the_lease_fence_is_not_counted_as_done(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+    may_finish = threading.Event()
+
+    @jobs.kind("hold", Ping)
+    def hold(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+        may_finish.wait(DEADLINE)
+
+    worker = Worker(jobs, migrated_url, concurrency=1, poll_interval=0.2)
+    try:
+        with running(worker) as (wt,):
+            assert worker.leases is not None
+            worker.leases.frozen.set()
+            (job_id,) = enqueue(clean, jobs, [Ping()])
+            runs.wait_for(lambda rs: len(rs) == 1, "the handler runs")
+            # Another worker takes the job over: its lease expired, was reaped and reclaimed.
+            execute(
+                clean,
+                "UPDATE sqla_jobs_job SET lease_token = gen_random_uuid(), locked_by = 'other', "
+                "crashes = crashes + 1 WHERE id = :id",
+                id=job_id,
+            )
+            may_finish.set()
+            wt.stop()
+    finally:
+        may_finish.set()
+    row = job_row(clean, job_id)
+    assert row is not None
+    assert row.locked_by == "other", "the fence kept the other owner's job"
+    assert worker.counts["done"] == 0
+
+
+# -- graceful stop ----------------------------------------------------------------------------------
+
+
+def test_stop_lets_running_handlers_finish_and_claims_nothing_more(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+    may_finish = threading.Event()
+
+    @jobs.kind("work", Ping)
+    def work(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+        may_finish.wait(DEADLINE)
+
+    worker = Worker(jobs, migrated_url, concurrency=4, poll_interval=0.2)
+    wt = WorkerThread(worker)
+    try:
+        wt.start()
+        enqueue(clean, jobs, [Ping(n=i) for i in range(6)])
+        runs.wait_for(lambda rs: len(rs) == 4, "four handlers running")
+        worker.stop()
+        assert wt.thread.is_alive(), "the worker must wait for its running handlers"
+        may_finish.set()
+        wt.stop()
+    finally:
+        may_finish.set()
+        worker.stop()
+    assert (worker.counts["claimed"], worker.counts["done"], worker.counts["released"]) == (4, 4, 0)
+    assert count(clean, "state = 'running'") == 0
+    with clean.connect() as conn:
+        left = conn.execute(text("SELECT state, attempts FROM sqla_jobs_job")).all()
+    assert sorted(tuple(r) for r in left) == [("pending", 0), ("pending", 0)]
+
+
+@pytest.mark.parametrize("style", ["async", "sync"])
+def test_a_handler_still_running_at_the_shutdown_timeout_is_released_not_failed(
+    clean: Engine, migrated_url: str, style: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+    unblock = threading.Event()
+
+    if style == "async":
+
+        @jobs.kind("stuck", Ping)
+        async def stuck_async(args: Ping, ctx: JobContext) -> None:
+            runs.record(args, ctx)
+            await asyncio.Event().wait()
+
+    else:
+
+        @jobs.kind("stuck", Ping)
+        def stuck_sync(args: Ping, ctx: JobContext) -> None:
+            runs.record(args, ctx)
+            unblock.wait(DEADLINE)
+
+    worker = Worker(jobs, migrated_url, shutdown_timeout=0.5, poll_interval=0.2)
+    try:
+        with running(worker):
+            (job_id,) = enqueue(clean, jobs, [Ping()])
+            runs.wait_for(lambda rs: len(rs) == 1, "the handler is running")
+        row = job_row(clean, job_id)
+        assert row is not None, "the unfinished job was deleted as if it had completed"
+        assert (row.state, row.attempts, row.crashes) == ("pending", 0, 0)
+        assert (row.lease_token, row.lease_expires_at, row.locked_by) == (None, None, None)
+        assert row.last_error is None, "a release is not a failure"
+        assert worker.counts["released"] == 1
+        assert (worker.counts["done"], worker.counts["failed"]) == (0, 0)
+    finally:
+        unblock.set()
+
+
+# -- wakeups: LISTEN/NOTIFY and polling -------------------------------------------------------------
+
+
+def _listener_pid(engine: Engine) -> int:
+    # The listener's last statement is its LISTEN, or the liveness check after a quiet period; the
+    # worker's other connections never run either.
+    pids = backend_pids(engine, "LISTEN %") + backend_pids(engine, "SELECT 1")
+    assert len(pids) == 1, f"expected one LISTEN connection, found {pids}"
+    return pids[0]
+
+
+def _pickup_latency(
+    engine: Engine, jobs: Jobs, runs: Runs, n: int, timeout: float = DEADLINE
+) -> float:
+    """Enqueue one job and return the seconds from before its commit to its handler's start."""
+    before = time.monotonic()
+    (job_id,) = enqueue(engine, jobs, [Ping(n=n)])
+    runs.wait_for(lambda rs: any(r.job_id == job_id for r in rs), f"job {n} picked up", timeout)
+    (run,) = runs.of(job_id)
+    return run.at - before
+
+
+def _settle(engine: Engine, jobs: Jobs, runs: Runs, n: int) -> None:
+    """Run one job to completion, so that the start-up (or reconnect) wakeups are spent and the
+    worker is idle on its poll timer. Allows for the 30 s poll: a NOTIFY can be lost to the race
+    that test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost documents."""
+    _pickup_latency(engine, jobs, runs, n, timeout=35)
+    wait_until(lambda: count(engine) == 0, "the settling job completed")
+
+
+def test_notify_wakes_an_idle_worker_and_survives_a_killed_listen_connection(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+
+    @jobs.kind("ping", Ping)
+    async def ping(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    # Polling every 30 s: a pickup within a second can only come from the NOTIFY.
+    worker = Worker(jobs, migrated_url, listen=True, poll_interval=30.0)
+    with running(worker):
+        listener = worker.listener
+        assert listener is not None
+        wait_until(lambda: listener.connects == 1, "listener connected")
+        _settle(clean, jobs, runs, 0)
+        assert _pickup_latency(clean, jobs, runs, 1) < 1.0
+
+        terminate(clean, _listener_pid(clean))
+        wait_until(lambda: listener.connects == 2, "listener reconnected")
+        assert listener.connected.is_set()
+        _settle(clean, jobs, runs, 2)
+        assert _pickup_latency(clean, jobs, runs, 3) < 1.0, "latency did not recover"
+        wait_until(lambda: count(clean) == 0, "all jobs completed")
+    assert worker.counts["done"] == 4
+
+
+def test_polling_delivers_jobs_while_the_listen_connection_cannot_come_back(
+    clean: Engine, migrated_url: str, server_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+
+    @jobs.kind("ping", Ping)
+    async def ping(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    worker = Worker(jobs, migrated_url, listen=True, poll_interval=0.5)
+    # Refusing new connections to the database (superusers included) keeps the listener out,
+    # while the connections already open, the worker's and this test's, stay up.
+    inside = psycopg.connect(libpq_conninfo(migrated_url), autocommit=True)
+    outside = psycopg.connect(libpq_conninfo(server_url), autocommit=True)
+    database = sql.Identifier(inside.info.dbname)
+    try:
+        with running(worker):
+            listener = worker.listener
+            assert listener is not None
+            wait_until(lambda: listener.connects == 1, "listener connected")
+            pid = _listener_pid(clean)
+            outside.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS false").format(database))
+            inside.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            wait_until(lambda: not listener.connected.is_set(), "listener lost")
+            # Inserted without NOTIFY, and nobody listens anyway: only the poll can find it.
+            inserted = inside.execute(
+                "INSERT INTO sqla_jobs_job (kind, payload) VALUES ('ping', '{}') RETURNING id"
+            ).fetchone()
+            assert inserted is not None
+            runs.wait_for(lambda rs: [r.job_id for r in rs] == [inserted[0]], "the poll ran it")
+            assert listener.connects == 1, "the listener got back in: this would prove nothing"
+            outside.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(database))
+            wait_until(lambda: listener.connects == 2, "listener reconnected once it could")
+    finally:
+        outside.execute(sql.SQL("ALTER DATABASE {} ALLOW_CONNECTIONS true").format(database))
+        outside.close()
+        inside.close()
+    wait_until(lambda: count(clean) == 0, "job completed")
+
+
+def test_poll_only_worker_runs_jobs_without_a_listen_connection(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+
+    @jobs.kind("ping", Ping)
+    async def ping(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    worker = Worker(jobs, migrated_url, listen=False, poll_interval=0.2)
+    with running(worker):
+        ids = enqueue(clean, jobs, [Ping(n=i) for i in range(10)])
+        wait_until(lambda: count(clean) == 0, "all jobs completed")
+        assert backend_pids(clean, "LISTEN %") == []
+    assert worker.listener is None
+    assert sorted(r.job_id for r in runs.all) == sorted(ids)
+
+
+#: The advisory lock the test trigger waits on (single-key: cannot collide with sqla-jobs' own).
+GATE_LOCK = 4242
+
+
+def gate_waiters(engine: Engine) -> int:
+    """Backends waiting for the test's gate lock."""
+    return count(
+        engine,
+        f"locktype = 'advisory' AND NOT granted AND objid = {GATE_LOCK} AND objsubid = 1",
+        table="pg_locks",
+    )
+
+
+class WakeWatcher(Worker):
+    """A worker that reports each wakeup (a NOTIFY, or the listener's reconnect) to the test."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.woken = threading.Event()
+
+    def wake(self) -> None:
+        super().wake()
+        self.woken.set()
+
+
+def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+
+    @jobs.kind("gate", Ping)
+    async def gate(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    @jobs.kind("ping", Pong)
+    async def ping(args: Pong, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    # A test-only trigger holds the claim of the 'gate' job mid-statement, on an advisory lock the
+    # test owns, so that a NOTIFY is delivered while that claim is in flight.
+    execute(
+        clean,
+        f"""
+        CREATE OR REPLACE FUNCTION sqla_jobs_test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_advisory_xact_lock({GATE_LOCK}); RETURN NEW; END $$
+        """,
+    )
+    execute(
+        clean,
+        "CREATE TRIGGER sqla_jobs_test_gate BEFORE UPDATE ON sqla_jobs_job FOR EACH ROW "
+        "WHEN (OLD.kind = 'gate' AND NEW.state = 'running') EXECUTE FUNCTION sqla_jobs_test_gate()",
+    )
+    try:
+        gate_id = insert_raw(clean, "gate", "{}")
+        worker = WakeWatcher(jobs, migrated_url, listen=True, poll_interval=30.0)
+        holder = psycopg.connect(libpq_conninfo(migrated_url), autocommit=True)
+        holder.execute("SELECT pg_advisory_lock(%s)", (GATE_LOCK,))
+        with running(worker), holder:
+            wait_until(
+                lambda: gate_waiters(clean) == 1, "the gate job's claim waits in the trigger"
+            )
+            listener = worker.listener
+            assert listener is not None
+            wait_until(lambda: listener.connects == 1, "listener connected")
+            worker.woken.clear()
+            (ping_id,) = enqueue(clean, jobs, [Pong()])
+            assert worker.woken.wait(DEADLINE), "the NOTIFY did not reach the worker"
+            holder.execute("SELECT pg_advisory_unlock(%s)", (GATE_LOCK,))
+            runs.wait_for(lambda rs: any(r.job_id == gate_id for r in rs), "the gate job ran")
+            runs.wait_for(
+                lambda rs: any(r.job_id == ping_id for r in rs),
+                "the job announced during the claim ran without waiting for the 30 s poll",
+                timeout=3.0,
+            )
+    finally:
+        execute(clean, "DROP TRIGGER IF EXISTS sqla_jobs_test_gate ON sqla_jobs_job")
+        execute(clean, "DROP FUNCTION IF EXISTS sqla_jobs_test_gate()")
+
+
+# -- connection loss --------------------------------------------------------------------------------
+
+
+def test_worker_recovers_when_its_claim_connection_is_terminated(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+    may_finish = threading.Event()
+
+    @jobs.kind("step", Ping)
+    def step(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+        may_finish.wait(DEADLINE)
+
+    worker = Worker(jobs, migrated_url, concurrency=4, lease=3.0, heartbeat=0.5, poll_interval=0.2)
+    try:
+        with running(worker):
+            ids = enqueue(clean, jobs, [Ping(n=i) for i in range(40)])
+            runs.wait_for(lambda rs: len(rs) == 4, "the first batch is running")
+            (claim_pid,) = wait_until(
+                lambda: backend_pids(clean, "WITH picked%"), "the claim connection"
+            )
+            terminate(clean, claim_pid)
+            # The batch finishes on a dead connection: its completions must not be lost.
+            may_finish.set()
+            wait_until(lambda: count(clean) == 0, "all jobs completed after the reconnect")
+            wait_until(
+                lambda: [p for p in backend_pids(clean, "WITH picked%") if p != claim_pid],
+                "claims on a new connection",
+            )
+    finally:
+        may_finish.set()
+    executions = Counter(r.job_id for r in runs.all)
+    assert set(executions) == set(ids), "a job was lost"
+    assert max(executions.values()) == 1, "a completion was lost and the job ran again"
+    assert worker.counts["done"] == 40
+
+
+# -- configuration ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"lease": 30.0}, "lease (30s) is shorter than the timeout of kind 'slow' (45s)"),
+        (
+            {"lease": 60.0, "heartbeat": 25.0},
+            "heartbeat (25s) must be > 0 and at most a third of the lease (60s)",
+        ),
+        ({"concurrency": 0}, "concurrency must be >= 1, got 0"),
+        ({"queues": ["bad queue"]}, "invalid queue name 'bad queue'"),
+        ({"queues": [""]}, "invalid queue name ''"),
+        ({"queues": []}, "no queues to work"),
+    ],
+    ids=["lease-under-timeout", "heartbeat-over-third", "concurrency-0", "space", "empty", "none"],
+)
+def test_settings_that_cannot_work_are_refused_before_connecting(
+    options: dict[str, Any], message: str
+) -> None:
+    jobs = Jobs()
+
+    @jobs.kind("slow", Ping, timeout=45.0)
+    def slow(args: Ping, ctx: JobContext) -> None:
+        pass
+
+    with pytest.raises(ConfigurationError) as info:
+        Worker(jobs, NOWHERE, **options)
+    assert message in str(info.value)
+
+
+def test_a_long_timeout_in_a_queue_the_worker_does_not_work_is_not_refused() -> None:
+    jobs = Jobs()
+
+    @jobs.kind("slow", Ping, timeout=600.0, queue="batch")
+    def slow(args: Ping, ctx: JobContext) -> None:
+        pass
+
+    @jobs.kind("quick", Pong)
+    def quick(args: Pong, ctx: JobContext) -> None:
+        pass
+
+    worker = Worker(jobs, NOWHERE, queues=["default"], lease=10.0)
+    assert worker.config.queues == ("default",)
+
+
+# -- history ----------------------------------------------------------------------------------------
+
+
+def test_keep_history_moves_finished_jobs_into_the_history_table(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+
+    @jobs.kind("ping", Ping)
+    async def ping(args: Ping, ctx: JobContext) -> None:
+        pass
+
+    worker = Worker(jobs, migrated_url, keep_history=True, poll_interval=0.2)
+    with running(worker):
+        ids = enqueue(clean, jobs, [Ping(n=i) for i in range(5)])
+        wait_until(lambda: count(clean, table="sqla_jobs_history") == 5, "history rows written")
+    assert count(clean) == 0
+    with clean.connect() as conn:
+        history = conn.execute(
+            text(
+                "SELECT id, kind, payload, attempts, crashes, finished_at >= created_at AS ordered "
+                "FROM sqla_jobs_history ORDER BY id"
+            )
+        ).all()
+    assert [tuple(h) for h in history] == [
+        (job_id, "ping", {"n": i}, 1, 0, True) for i, job_id in enumerate(ids)
+    ]
+    assert worker.counts["done"] == 5
