@@ -8,6 +8,7 @@ caller's transaction untouched and usable.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -36,6 +37,12 @@ _INSERT_ONE = statements.insert_job().returning(Job)
 _INSERT_MANY = statements.insert_jobs()
 _NOTIFY = statements.notify()
 _ZERO = timedelta(0)
+_ONE_US = timedelta(microseconds=1)
+#: Longest delay: now() + delay must stay inside timestamptz (year 294276), and the delay is bound as
+#: microseconds that float8 interval arithmetic carries exactly (2**53 us is about 285 years).
+MAX_DELAY = timedelta(days=100 * 365)
+#: A JSON \u0000 escape (odd number of backslashes before u0000): jsonb refuses it.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 @dataclass(frozen=True)
@@ -69,10 +76,11 @@ def serialize(
                     f"kind {kind.name!r} takes {model.__qualname__}, got {type(payload).__qualname__}"
                 )
             data = payload.model_dump_json(warnings="error")
-            instance = model.model_validate_json(data)
         else:
-            instance = model.model_validate(payload)
-            data = instance.model_dump_json()
+            data = model.model_validate(payload).model_dump_json(warnings="error")
+        # Validate the dump back, whatever the input: the worker validates the dump, and a dump can
+        # differ from what validated (NaN is written as null).
+        instance = model.model_validate_json(data)
     except ValidationError as exc:
         raise InvalidPayloadError(
             f"payload for kind {kind.name!r} does not validate against {model.__qualname__}: "
@@ -86,6 +94,11 @@ def serialize(
         raise InvalidPayloadError(
             f"payload for kind {kind.name!r} cannot be serialized as {model.__qualname__}: {exc}"
         ) from None
+    if _JSON_NUL.search(data):
+        raise InvalidPayloadError(
+            f"payload for kind {kind.name!r} contains a NUL character (\\u0000), which jsonb "
+            "cannot store; drop it or encode the value (e.g. base64)"
+        )
     size = len(data.encode())
     if size > max_bytes:
         raise PayloadTooLargeError(
@@ -114,7 +127,7 @@ def concurrency(kind: Kind, instance: BaseModel, key: str | None) -> tuple[str |
             ) from None
     else:
         return None, None
-    if not isinstance(key, str) or not 1 <= len(key) <= 256:
+    if not isinstance(key, str) or not 1 <= len(key) <= 256 or "\x00" in key:
         raise InvalidOptionError(
             f"concurrency key for kind {kind.name!r} must be a str of 1-256 characters, got {key!r}"
         )
@@ -207,9 +220,15 @@ def schedule(
     if not isinstance(delay, timedelta):
         if not math.isfinite(delay):
             raise InvalidScheduleError(f"delay must be finite, got {delay!r}")
+        if delay > MAX_DELAY.total_seconds():
+            raise InvalidScheduleError(f"delay must be at most {MAX_DELAY}, got {delay!r} s")
         delay = timedelta(seconds=delay)
     if delay < _ZERO:
         raise InvalidScheduleError(f"delay must not be negative, got {delay}")
+    if delay > MAX_DELAY:
+        raise InvalidScheduleError(
+            f"delay must be at most {MAX_DELAY}, got {delay}; use run_at= for a far date"
+        )
     return None, delay
 
 
@@ -224,7 +243,7 @@ def _one_params(job: Prepared, run_at: datetime | None, delay: timedelta) -> dic
         "concurrency_key": job.concurrency_key,
         "concurrency_limit": job.concurrency_limit,
         "run_at": run_at,
-        "delay": delay,
+        "delay_us": delay // _ONE_US,
     }
 
 
@@ -239,7 +258,7 @@ def _many_params(jobs: list[Prepared], run_at: datetime | None, delay: timedelta
         "concurrency_keys": [j.concurrency_key for j in jobs],
         "concurrency_limits": [j.concurrency_limit for j in jobs],
         "run_at": run_at,
-        "delay": delay,
+        "delay_us": delay // _ONE_US,
     }
 
 

@@ -73,17 +73,24 @@ class Kind:
     options: KindOptions = field(default_factory=KindOptions)
 
 
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def validate_options(options: KindOptions) -> None:
     """Raise ``RegistryError`` for options that cannot work."""
     try:
         check_name("queue", options.queue)
     except ValueError as exc:
         raise RegistryError(str(exc)) from None
-    if not -32768 <= options.priority <= 32767:
-        raise RegistryError(f"priority must fit a smallint, got {options.priority}")
-    if options.max_attempts < 1 or options.max_crashes < 1:
-        raise RegistryError("max_attempts and max_crashes must be >= 1")
-    if options.timeout is not None and options.timeout <= 0:
+    if not _is_int(options.priority) or not -32768 <= options.priority <= 32767:
+        raise RegistryError(f"priority must be an int in [-32768, 32767], got {options.priority!r}")
+    for what in ("max_attempts", "max_crashes"):
+        value = getattr(options, what)
+        if not _is_int(value) or not 1 <= value <= 2**31 - 1:
+            raise RegistryError(f"{what} must be an int in [1, 2147483647], got {value!r}")
+    # `not > 0` rather than `<= 0`: NaN compares false both ways.
+    if options.timeout is not None and not options.timeout > 0:
         raise RegistryError(f"timeout must be > 0 seconds, got {options.timeout}")
     if options.concurrency_limit is not None and not 1 <= options.concurrency_limit <= 2**31 - 1:
         raise RegistryError(f"concurrency_limit must be >= 1, got {options.concurrency_limit}")

@@ -64,6 +64,7 @@ PENDING: ColumnElement[str] = literal_column("'pending'")
 RUNNING: ColumnElement[str] = literal_column("'running'")
 DEAD: ColumnElement[str] = literal_column("'dead'")
 ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
+ONE_MICROSECOND: ColumnElement[Any] = literal_column("interval '1 microsecond'")
 
 #: Columns a worker needs from a claimed job.
 CLAIMED_COLUMNS = (
@@ -101,7 +102,9 @@ def _fenced() -> ColumnElement[bool]:
 def _run_at() -> ColumnElement[object]:
     return func.coalesce(
         bindparam("run_at", type_=job.c.run_at.type),
-        func.now() + bindparam("delay", type_=Interval),
+        # Bound as microseconds, not as an interval: an interval's days are calendar days in the
+        # session's time zone, so now() + '1 day' across a DST change is 23 or 25 hours.
+        func.now() + bindparam("delay_us", type_=BigInteger) * ONE_MICROSECOND,
     )
 
 
@@ -110,7 +113,7 @@ def insert_job() -> Insert:
 
     Parameters: queue, kind, payload (JSON text), priority, max_attempts, max_crashes,
     concurrency_key and concurrency_limit (both NULL for an unkeyed job), and either run_at (aware
-    datetime) or delay (timedelta, added to the database's ``now()``). Locks nothing
+    datetime) or delay_us (microseconds, added to the database's ``now()``). Locks nothing
     beyond the new row.
     """
     return insert(Job).values(
@@ -130,7 +133,7 @@ def insert_jobs() -> AnyInsert:
     """Insert many jobs in one statement from parallel arrays (``unnest``); returns their ids.
 
     Parameters: arrays of equal length queues, kinds, payloads (JSON text), priorities,
-    max_attempts, max_crashes, concurrency_keys, concurrency_limits; and one run_at or delay for
+    max_attempts, max_crashes, concurrency_keys, concurrency_limits; and one run_at or delay_us for
     all, as in :func:`insert_job`. One round trip whatever the count, and no 65,535-parameter
     limit, because each column is one array.
     """

@@ -1,0 +1,14 @@
+WITH ranked AS MATERIALIZED 
+(SELECT sqla_jobs_job.id AS id, sqla_jobs_job.concurrency_key AS concurrency_key, sqla_jobs_job.concurrency_limit AS concurrency_limit, sqla_jobs_job.priority AS priority, sqla_jobs_job.run_at AS run_at, row_number() OVER (PARTITION BY sqla_jobs_job.concurrency_key ORDER BY sqla_jobs_job.priority, sqla_jobs_job.run_at, sqla_jobs_job.id) AS rank 
+FROM sqla_jobs_job 
+WHERE sqla_jobs_job.state = 'pending' AND sqla_jobs_job.concurrency_key = any(%(keys)s::TEXT[]) AND sqla_jobs_job.queue = %(queue)s::VARCHAR AND sqla_jobs_job.run_at <= now()), 
+running AS MATERIALIZED 
+(SELECT sqla_jobs_job.concurrency_key AS concurrency_key, count(*) AS n 
+FROM sqla_jobs_job 
+WHERE sqla_jobs_job.state = 'running' AND sqla_jobs_job.concurrency_key = any(%(keys)s::TEXT[]) GROUP BY sqla_jobs_job.concurrency_key), 
+picked AS MATERIALIZED 
+(SELECT ranked.id AS id 
+FROM ranked LEFT OUTER JOIN running ON running.concurrency_key = ranked.concurrency_key 
+WHERE ranked.rank <= ranked.concurrency_limit - coalesce(running.n, %(coalesce_1)s::INTEGER) ORDER BY ranked.priority, ranked.run_at, ranked.id 
+ LIMIT %(limit)s::BIGINT)
+ UPDATE sqla_jobs_job SET state='running', attempts=(sqla_jobs_job.attempts + %(attempts_1)s::INTEGER), lease_token=gen_random_uuid(), lease_expires_at=(now() + %(lease)s), locked_by=%(worker)s::VARCHAR FROM picked WHERE sqla_jobs_job.id = picked.id AND sqla_jobs_job.state = 'pending' RETURNING sqla_jobs_job.id, sqla_jobs_job.queue, sqla_jobs_job.kind, sqla_jobs_job.payload, sqla_jobs_job.priority, sqla_jobs_job.attempts, sqla_jobs_job.max_attempts, sqla_jobs_job.crashes, sqla_jobs_job.max_crashes, sqla_jobs_job.lease_token, sqla_jobs_job.created_at, sqla_jobs_job.concurrency_key, sqla_jobs_job.steps

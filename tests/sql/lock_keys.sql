@@ -1,0 +1,12 @@
+WITH heads AS MATERIALIZED 
+(SELECT sqla_jobs_job.concurrency_key AS concurrency_key, sqla_jobs_job.priority AS priority, sqla_jobs_job.run_at AS run_at, sqla_jobs_job.id AS id, row_number() OVER (PARTITION BY sqla_jobs_job.concurrency_key ORDER BY sqla_jobs_job.priority, sqla_jobs_job.run_at, sqla_jobs_job.id) AS rank 
+FROM sqla_jobs_job 
+WHERE sqla_jobs_job.state = 'pending' AND sqla_jobs_job.concurrency_key IS NOT NULL AND sqla_jobs_job.queue = %(queue)s::VARCHAR AND sqla_jobs_job.run_at <= now()), 
+candidates AS MATERIALIZED 
+(SELECT heads.concurrency_key AS concurrency_key 
+FROM heads 
+WHERE heads.rank = %(rank_1)s::INTEGER ORDER BY heads.priority, heads.run_at, heads.id 
+ LIMIT %(scan)s::BIGINT)
+ SELECT candidates.concurrency_key 
+FROM candidates 
+WHERE pg_try_advisory_xact_lock(-1196525586, hashtext(candidates.concurrency_key))

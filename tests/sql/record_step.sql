@@ -1,0 +1,1 @@
+UPDATE sqla_jobs_job SET steps=(coalesce(sqla_jobs_job.steps, CAST('{}' AS JSONB)) || jsonb_build_object(%(name)s::VARCHAR, CAST(%(value)s::VARCHAR AS JSONB))) WHERE sqla_jobs_job.id = %(id)s::BIGINT AND sqla_jobs_job.lease_token = %(token)s::UUID RETURNING sqla_jobs_job.id

@@ -1,0 +1,1 @@
+UPDATE sqla_jobs_job SET state='pending', attempts=greatest(sqla_jobs_job.attempts - %(attempts_1)s::INTEGER, %(greatest_1)s::INTEGER), lease_token=NULL, lease_expires_at=NULL, locked_by=NULL WHERE sqla_jobs_job.id = any(%(ids)s::BIGINT[]) AND sqla_jobs_job.lease_token = any(%(tokens)s::UUID[]) RETURNING sqla_jobs_job.id

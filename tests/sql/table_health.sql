@@ -1,0 +1,1 @@
+SELECT n_live_tup, n_dead_tup, last_autovacuum, last_vacuum, autovacuum_count, pg_total_relation_size(relid) AS total_bytes FROM pg_stat_user_tables WHERE relname = 'sqla_jobs_job' AND schemaname = coalesce(CAST(%(schema)s AS text), current_schema())
