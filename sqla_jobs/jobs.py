@@ -120,16 +120,7 @@ class Jobs(Registry):
         :class:`EnqueueError` subclass is raised before any SQL runs: nothing is written and the
         transaction stays usable.
         """
-        prepared = _enqueue.prepare(
-            self,
-            payload,
-            data,
-            max_bytes=self.max_payload_bytes,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            concurrency_key=concurrency_key,
-        )
+        prepared = self._prepare(payload, data, priority, queue, max_attempts, concurrency_key)
         when, after = _enqueue.schedule(delay, run_at)
         return _enqueue.enqueue(
             session, prepared, when, after, schema=self.schema, channel=self.channel
@@ -160,7 +151,8 @@ class Jobs(Registry):
     async def enqueue_async(
         self,
         session: AsyncSession,
-        payload: BaseModel,
+        payload: BaseModel | str,
+        data: dict[str, Any] | None = None,
         *,
         delay: timedelta | float | None = None,
         run_at: datetime | None = None,
@@ -170,16 +162,7 @@ class Jobs(Registry):
         concurrency_key: str | None = None,
     ) -> Job:
         """:meth:`enqueue` for an ``AsyncSession``, with the same guarantees."""
-        prepared = _enqueue.prepare(
-            self,
-            payload,
-            None,
-            max_bytes=self.max_payload_bytes,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            concurrency_key=concurrency_key,
-        )
+        prepared = self._prepare(payload, data, priority, queue, max_attempts, concurrency_key)
         when, after = _enqueue.schedule(delay, run_at)
         return await _enqueue.enqueue_async(
             session, prepared, when, after, schema=self.schema, channel=self.channel
@@ -203,6 +186,26 @@ class Jobs(Registry):
             session, prepared, when, after, schema=self.schema, channel=self.channel
         )
 
+    def _prepare(
+        self,
+        payload: BaseModel | str,
+        data: dict[str, Any] | None,
+        priority: int | None,
+        queue: str | None,
+        max_attempts: int | None,
+        concurrency_key: str | None = None,
+    ) -> _enqueue.Prepared:
+        return _enqueue.prepare(
+            self,
+            payload,
+            data,
+            max_bytes=self.max_payload_bytes,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            concurrency_key=concurrency_key,
+        )
+
     def _prepare_many(
         self,
         payloads: Iterable[BaseModel],
@@ -210,15 +213,4 @@ class Jobs(Registry):
         queue: str | None,
         max_attempts: int | None,
     ) -> list[_enqueue.Prepared]:
-        return [
-            _enqueue.prepare(
-                self,
-                p,
-                None,
-                max_bytes=self.max_payload_bytes,
-                queue=queue,
-                priority=priority,
-                max_attempts=max_attempts,
-            )
-            for p in payloads
-        ]
+        return [self._prepare(p, None, priority, queue, max_attempts) for p in payloads]

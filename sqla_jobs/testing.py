@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -28,7 +29,7 @@ from sqlalchemy.orm import Session
 from ._sql import Compiled, WorkerSQL
 from .jobs import Jobs
 from .model import Job, JobState
-from .worker import JobContext
+from .worker import ClaimedJob, JobContext
 
 
 def enqueued(
@@ -86,26 +87,19 @@ def run_jobs(
         rows = execute(
             sql.claim, queue=queue, limit=limit, lease=timedelta(minutes=5), worker="testing"
         ).all()
-        for row in rows:
-            kind = jobs.get(row.kind)
-            if kind is None or kind.handler is None:
-                raise LookupError(f"no handler registered for kind {row.kind!r}")
-            ctx = JobContext(
-                job_id=row.id,
-                kind=row.kind,
-                queue=row.queue,
-                attempt=row.attempts,
-                crashes=row.crashes,
-                max_attempts=row.max_attempts,
-                created_at=row.created_at,
-                worker="testing",
-                steps=dict(row.steps or {}),
-                lease_token=row.lease_token,
-                recorder=lambda job_id, token, name, value: (
-                    execute(sql.record_step, id=job_id, token=token, name=name, value=value).first()
-                    is not None
-                ),
+
+        def record(job_id: int, token: uuid.UUID, name: str, value: str) -> bool:
+            return (
+                execute(sql.record_step, id=job_id, token=token, name=name, value=value).first()
+                is not None
             )
+
+        for row in rows:
+            job = ClaimedJob(*row)
+            kind = jobs.get(job.kind)
+            if kind is None or kind.handler is None:
+                raise LookupError(f"no handler registered for kind {job.kind!r}")
+            ctx = JobContext.for_job(job, "testing", record)
             try:
                 value: Any = kind.handler(kind.model.model_validate(row.payload), ctx)
                 if inspect.isawaitable(value):

@@ -97,6 +97,23 @@ class JobContext:
     lease_token: uuid.UUID | None = field(default=None, repr=False)
     recorder: Recorder | None = field(default=None, repr=False)
 
+    @classmethod
+    def for_job(cls, job: ClaimedJob, worker: str, recorder: Recorder | None) -> JobContext:
+        """The context of a job just claimed by ``worker``."""
+        return cls(
+            job_id=job.id,
+            kind=job.kind,
+            queue=job.queue,
+            attempt=job.attempts,
+            crashes=job.crashes,
+            max_attempts=job.max_attempts,
+            created_at=job.created_at,
+            worker=worker,
+            steps=dict(job.steps or {}),
+            lease_token=job.lease_token,
+            recorder=recorder,
+        )
+
     def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` once for this job and record its JSON-serializable result.
 
@@ -523,19 +540,7 @@ class Worker:
         return len(rows)
 
     def _start(self, job: ClaimedJob) -> None:
-        ctx = JobContext(
-            job_id=job.id,
-            kind=job.kind,
-            queue=job.queue,
-            attempt=job.attempts,
-            crashes=job.crashes,
-            max_attempts=job.max_attempts,
-            created_at=job.created_at,
-            worker=self.name,
-            steps=dict(job.steps or {}),
-            lease_token=job.lease_token,
-            recorder=self._steps,
-        )
+        ctx = JobContext.for_job(job, self.name, self._steps)
         log.debug(
             "claimed job %s (%s)", job.id, job.kind, extra={"event": "claimed", "job_id": job.id}
         )
