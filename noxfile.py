@@ -45,7 +45,7 @@ def chaos(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
-    session.install("ruff>=0.5")
+    session.install("ruff>=0.17,<0.18")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
