@@ -13,6 +13,7 @@ handlers must be idempotent.
 from __future__ import annotations
 
 import asyncio
+import collections
 import inspect
 import json
 import logging
@@ -20,6 +21,7 @@ import os
 import signal
 import socket
 import threading
+import time
 import traceback
 import typing
 import uuid
@@ -172,7 +174,16 @@ class WorkerConfig:
     keep_history: bool = False
     reap_interval: float | None = None
     batch_size: int | None = None
+    prefetch: int | None = None
     name: str | None = None
+
+    @property
+    def prefetch_jobs(self) -> int:
+        return self.concurrency if self.prefetch is None else self.prefetch
+
+    @property
+    def claim_limit(self) -> int:
+        return self.batch_size or (self.concurrency + self.prefetch_jobs)
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -203,6 +214,8 @@ def check_config(config: WorkerConfig, jobs: Jobs) -> None:
         )
     if config.batch_size is not None and config.batch_size < 1:
         raise ConfigurationError(f"batch_size must be >= 1, got {config.batch_size}")
+    if config.prefetch is not None and config.prefetch < 0:
+        raise ConfigurationError(f"prefetch must be >= 0, got {config.prefetch}")
     for kind in jobs:
         timeout = kind.options.timeout
         if timeout is not None and kind.options.queue in config.queues and config.lease < timeout:
@@ -210,6 +223,12 @@ def check_config(config: WorkerConfig, jobs: Jobs) -> None:
                 f"lease ({config.lease:g}s) is shorter than the timeout of kind {kind.name!r} "
                 f"({timeout:g}s): raise the lease (--lease) above the longest timeout"
             )
+
+
+#: How long a finished job's outcome may wait to be written with others (or with the next claim).
+_FLUSH_DELAY = 0.05
+#: How long prefetched jobs may wait for a free slot before they go back to the queue.
+_BUFFER_MAX_WAIT = 1.0
 
 
 class HandlerTimeout(Exception):
@@ -238,7 +257,10 @@ class Worker:
 
     ``concurrency`` handlers run at once. A claimed job holds a lease of ``lease`` seconds, renewed
     every ``heartbeat`` (default a third of the lease) while it runs; an expired lease is reaped by
-    any worker and the job runs again (at-least-once). ``listen=False`` is poll-only mode, for
+    any worker and the job runs again (at-least-once). Up to ``prefetch`` (default: concurrency)
+    claimed jobs wait locally for a free slot, so a busy worker claims and completes in batches,
+    one round trip per batch; they are leased like running jobs, and given back at shutdown.
+    ``listen=False`` is poll-only mode, for
     PgBouncer in transaction pooling. :meth:`stop` (or SIGTERM/SIGINT under :meth:`run_sync`) stops
     claiming at once, lets running handlers finish for up to ``shutdown_timeout`` seconds, and
     gives back the leases of those that did not (not counted as a failure).
@@ -259,6 +281,7 @@ class Worker:
         keep_history: bool = False,
         reap_interval: float | None = None,
         batch_size: int | None = None,
+        prefetch: int | None = None,
         name: str | None = None,
     ) -> None:
         if queues is None:
@@ -274,6 +297,7 @@ class Worker:
             keep_history=keep_history,
             reap_interval=reap_interval,
             batch_size=batch_size,
+            prefetch=prefetch,
             name=name,
         )
         check_config(self.config, jobs)
@@ -291,6 +315,11 @@ class Worker:
         self._steps = StepWriter(self.conninfo, self._sql.record_step, self._app_name("steps"))
         self._lease = timedelta(seconds=lease)
         self._active: dict[int, tuple[ClaimedJob, JobContext, asyncio.Task[None]]] = {}
+        #: Claimed, not started yet: they wait for a free slot (at most ``prefetch`` of them).
+        self._buffer: collections.deque[ClaimedJob] = collections.deque()
+        self._buffered_at = 0.0
+        self._finished_since = 0.0
+        self._last_claim = 0.0
         self._finished: list[_Finished] = []
         self._stopping = False
         self._wake: asyncio.Event | None = None
@@ -422,20 +451,9 @@ class Worker:
         failures = 0
         while not self._stopping:
             self._wake.clear()
+            self._start_buffered()
             try:
-                await self._flush()
-                claimed = 0
-                # Finished-but-unwritten jobs still hold their rows as running: count them, so
-                # the rows running for this worker never exceed its concurrency.
-                free = self.config.concurrency - len(self._active) - len(self._finished)
-                if free > 0 and not self._drained:
-                    wakeups = self._wakeups
-                    claimed = await self._claim(free)
-                    # Fewer than asked: the queue is empty for now. Until a NOTIFY or the poll
-                    # timer says otherwise, finishing jobs only flush, they do not re-claim. But a
-                    # wakeup that arrived while the claim was in flight may announce a job
-                    # committed after the claim's snapshot: it must not be erased.
-                    self._drained = claimed < free and self._wakeups == wakeups
+                progressed = await self._step()
                 failures = 0
             except CONNECTION_ERRORS as exc:
                 failures += 1
@@ -453,12 +471,95 @@ class Worker:
                 except CONNECTION_ERRORS:
                     pass
                 continue
-            if claimed and not self._drained:
+            self._start_buffered()
+            if progressed:
                 continue
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.config.poll_interval)
-            except TimeoutError:
-                self._drained = False
+            await self._sleep(self._wait_seconds())
+            if self._drained and time.monotonic() - self._last_claim >= self.config.poll_interval:
+                self._drained = False  # the polling floor
+
+    def _room(self) -> int:
+        # Jobs this worker may still take on. Finished-but-unwritten ones do not count: their
+        # outcomes are written ahead of the claim, in the same round trip.
+        held = len(self._active) + len(self._buffer)
+        return self.config.concurrency + self.config.prefetch_jobs - held
+
+    def _wait_seconds(self) -> float:
+        if self._finished:
+            # Outcomes wait a moment to be written together (or with the next claim).
+            return max(0.0, self._finished_since + _FLUSH_DELAY - time.monotonic())
+        if self._buffer:
+            return max(0.0, self._buffered_at + _BUFFER_MAX_WAIT - time.monotonic())
+        if self._drained:
+            return max(0.0, self._last_claim + self.config.poll_interval - time.monotonic())
+        return self.config.poll_interval
+
+    async def _step(self) -> bool:
+        """Write outcomes and/or claim, when worth a round trip; True if it claimed a full batch."""
+        room = self._room()
+        # Refill when the local buffer runs low, not for every slot that frees up: claims come
+        # in batches, and a batch's completions ride along with the next claim.
+        # Claim only while a slot is free: a worker whose slots are all busy (with long jobs,
+        # say) must not take jobs it cannot start.
+        want_claim = (
+            not self._drained
+            and room > 0
+            and len(self._active) < self.config.concurrency
+            and len(self._buffer) <= self.config.prefetch_jobs // 2
+            and (room >= self.config.claim_limit // 2 or not self._active)
+        )
+        stale = bool(self._buffer) and time.monotonic() - self._buffered_at > _BUFFER_MAX_WAIT
+        want_flush = bool(self._finished) and (
+            want_claim
+            or len(self._finished) >= self.config.claim_limit
+            or not (self._active or self._buffer)
+            or time.monotonic() - self._finished_since >= _FLUSH_DELAY
+        )
+        if stale:
+            # Prefetched jobs that could not start in time go back to the queue for idle
+            # workers, instead of waiting behind this worker's long-running handlers.
+            await self._release(list(self._buffer))
+            self._buffer.clear()
+        if not (want_claim or want_flush):
+            return False
+        limit = min(room, self.config.claim_limit) if want_claim else 0
+        wakeups = self._wakeups
+        claimed = await self._write_and_claim(limit)
+        if want_claim:
+            self._last_claim = time.monotonic()
+            # Fewer than asked: the queue is empty for now. Until a NOTIFY or the poll timer says
+            # otherwise, finishing jobs only flush, they do not re-claim. But a wakeup that
+            # arrived while the claim was in flight may announce a job committed after the
+            # claim's snapshot: it must not be erased.
+            self._drained = claimed < limit and self._wakeups == wakeups
+        return want_claim and not self._drained
+
+    def _start_buffered(self) -> None:
+        started = False
+        while self._buffer and len(self._active) < self.config.concurrency and not self._stopping:
+            self._start(self._buffer.popleft())
+            started = True
+        if started:
+            self._buffered_at = time.monotonic()
+
+    async def _release(self, jobs: list[ClaimedJob]) -> None:
+        """Give claimed jobs back: pending again, the claim's attempt undone, not a failure."""
+        if not jobs:
+            return
+        conn = await self._db()
+        cur = await conn.execute(
+            self._sql.release.sql,
+            self._sql.release.params(
+                ids=[j.id for j in jobs], tokens=[j.lease_token for j in jobs]
+            ),
+        )
+        released = len(await cur.fetchall())
+        self.counts["released"] += released
+        log.info(
+            "released %d claimed jobs back to the queue",
+            released,
+            extra={"event": "released"},
+        )
 
     async def _sleep(self, seconds: float) -> None:
         assert self._wake is not None
@@ -488,33 +589,89 @@ class Worker:
             self._conn = await self._connect()
         return self._conn
 
-    async def _claim(self, free: int) -> int:
-        queues = self.config.queues
-        limit = min(free, self.config.batch_size or free)
-        total = 0
+    async def _write_and_claim(self, limit: int) -> int:
+        """Write the finished jobs' outcomes and claim up to ``limit`` jobs, in one round trip
+        (a psycopg pipeline: each statement still commits on its own)."""
+        batch, self._finished = self._finished, []
         conn = await self._db()
-        for i in range(len(queues)):
-            if total >= free:
-                break
-            queue = queues[(self._queue_turn + i) % len(queues)]
-            cur = await conn.execute(
-                self._sql.claim.sql,
-                self._sql.claim.params(
-                    queue=queue, limit=min(limit, free - total), lease=self._lease, worker=self.name
-                ),
-            )
-            for row in await cur.fetchall():
-                self._start(ClaimedJob(*row))  # type: ignore[arg-type]
-                total += 1
-        if self._keyed:
-            for i in range(len(queues)):
-                if total >= free:
-                    break
-                queue = queues[(self._queue_turn + i) % len(queues)]
-                total += await self._claim_keyed(conn, queue, free - total)
+        queues = self.config.queues
+        first = queues[self._queue_turn % len(queues)]
         self._queue_turn += 1
-        self.counts["claimed"] += total
-        return total
+        try:
+            async with conn.pipeline():
+                done_cur = None
+                done = [f.job for f in batch if f.error is None]
+                if done:
+                    stmt = (
+                        self._sql.complete_into_history
+                        if self.config.keep_history
+                        else self._sql.complete
+                    )
+                    done_cur = await conn.execute(
+                        stmt.sql,
+                        stmt.params(ids=[j.id for j in done], tokens=[j.lease_token for j in done]),
+                    )
+                fail_curs = [
+                    (f, await conn.execute(self._sql.fail.sql, self._fail_params(f)))
+                    for f in batch
+                    if f.error is not None
+                ]
+                claim_cur = None
+                if limit:
+                    claim_cur = await conn.execute(
+                        self._sql.claim.sql,
+                        self._sql.claim.params(
+                            queue=first, limit=limit, lease=self._lease, worker=self.name
+                        ),
+                    )
+        except BaseException:
+            # Not known to be written: keep them for the next try (the writes are fenced, so
+            # writing one twice changes nothing).
+            self._finished = batch + self._finished
+            raise
+        if done_cur is not None:
+            self._count_done(len(done), len(await done_cur.fetchall()))
+        for f, cur in fail_curs:
+            self._log_failure(f, await cur.fetchone())
+        claimed = 0
+        if claim_cur is not None:
+            claimed = self._take(await claim_cur.fetchall())
+        # Other queues (in turn) and keyed jobs, when the first queue did not fill the batch.
+        for queue in queues:
+            if claimed >= limit:
+                break
+            if queue != first:
+                cur = await conn.execute(
+                    self._sql.claim.sql,
+                    self._sql.claim.params(
+                        queue=queue, limit=limit - claimed, lease=self._lease, worker=self.name
+                    ),
+                )
+                claimed += self._take(await cur.fetchall())
+        if self._keyed:
+            for queue in queues:
+                if claimed >= limit:
+                    break
+                claimed += await self._claim_keyed(conn, queue, limit - claimed)
+        self.counts["claimed"] += claimed
+        return claimed
+
+    def _take(self, rows: list[Any]) -> int:
+        if rows and not self._buffer:
+            self._buffered_at = time.monotonic()
+        for row in rows:
+            self._buffer.append(ClaimedJob(*row))
+        return len(rows)
+
+    def _count_done(self, sent: int, written: int) -> None:
+        self.counts["done"] += written
+        if written < sent:
+            log.warning(
+                "%d completions refused by the lease fence (leases lost; the jobs belong "
+                "to other workers now)",
+                sent - written,
+                extra={"event": "lease_lost"},
+            )
 
     async def _claim_keyed(
         self, conn: psycopg.AsyncConnection[tuple[object, ...]], queue: str, limit: int
@@ -535,9 +692,7 @@ class Worker:
                 ),
             )
             rows = await cur.fetchall()
-        for row in rows:
-            self._start(ClaimedJob(*row))  # type: ignore[arg-type]
-        return len(rows)
+        return self._take(rows)
 
     def _start(self, job: ClaimedJob) -> None:
         ctx = JobContext.for_job(job, self.name, self._steps)
@@ -579,6 +734,8 @@ class Worker:
             outcome.error = _describe(exc)
         finally:
             if not cancelled:
+                if not self._finished:
+                    self._finished_since = time.monotonic()
                 self._finished.append(outcome)
             self._active.pop(job.id, None)
             if job.concurrency_key is not None:
@@ -606,54 +763,20 @@ class Worker:
             await result
 
     async def _flush(self) -> None:
-        """Write the outcomes of finished jobs: one DELETE for all successes, one UPDATE per failure."""
-        if not self._finished:
-            return
-        batch, self._finished = self._finished, []
-        try:
-            conn = await self._db()
-            done = [f.job for f in batch if f.error is None]
-            if done:
-                stmt = (
-                    self._sql.complete_into_history
-                    if self.config.keep_history
-                    else self._sql.complete
-                )
-                cur = await conn.execute(
-                    stmt.sql,
-                    stmt.params(ids=[j.id for j in done], tokens=[j.lease_token for j in done]),
-                )
-                written = len(await cur.fetchall())
-                self.counts["done"] += written
-                if written < len(done):
-                    log.warning(
-                        "%d completions refused by the lease fence (leases lost; the jobs belong "
-                        "to other workers now)",
-                        len(done) - written,
-                        extra={"event": "lease_lost"},
-                    )
-                batch = [f for f in batch if f.error is not None]
-            while batch:
-                await self._fail(conn, batch[0])
-                batch.pop(0)
-        except BaseException:
-            # Not written: keep them for the next flush (the writes are fenced and idempotent).
-            self._finished = batch + self._finished
-            raise
+        """Write every finished job's outcome now (one round trip)."""
+        if self._finished:
+            await self._write_and_claim(0)
 
-    async def _fail(self, conn: psycopg.AsyncConnection[tuple[object, ...]], f: _Finished) -> None:
-        assert f.error is not None
-        cur = await conn.execute(
-            self._sql.fail.sql,
-            self._sql.fail.params(
-                id=f.job.id,
-                token=f.job.lease_token,
-                error=f.error,
-                force_dead=f.dead,
-                **f.backoff.sql_params(),
-            ),
+    def _fail_params(self, f: _Finished) -> dict[str, Any]:
+        return self._sql.fail.params(
+            id=f.job.id,
+            token=f.job.lease_token,
+            error=f.error,
+            force_dead=f.dead,
+            **f.backoff.sql_params(),
         )
-        row = await cur.fetchone()
+
+    def _log_failure(self, f: _Finished, row: Any) -> None:
         if row is None:
             log.warning(
                 "job %s: lease lost before its failure was recorded",
@@ -688,7 +811,10 @@ class Worker:
 
     def _held(self) -> dict[int, uuid.UUID]:
         # Called from the lease thread: copy, the dict changes under the event loop.
-        return {job_id: entry[0].lease_token for job_id, entry in list(self._active.items())}
+        held = {job_id: entry[0].lease_token for job_id, entry in list(self._active.items())}
+        held.update((j.id, j.lease_token) for j in list(self._buffer))
+        held.update((f.job.id, f.job.lease_token) for f in list(self._finished))
+        return held
 
     def _lost(self, ids: set[int]) -> None:
         for job_id in ids:
@@ -704,32 +830,28 @@ class Worker:
     # -- shutdown -------------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
+        # Claimed but never started: straight back to the queue for another worker, before
+        # waiting for the running handlers.
+        unstarted = list(self._buffer)
+        self._buffer.clear()
+        try:
+            await self._release(unstarted)
+            unstarted = []
+        except CONNECTION_ERRORS:
+            pass  # retried below with the rest
         tasks = [entry[2] for entry in self._active.values()]
         if tasks:
             await asyncio.wait(tasks, timeout=self.config.shutdown_timeout)
-        leftover = list(self._active.values())
-        for _, _, task in leftover:
+        running = list(self._active.values())
+        for _, _, task in running:
             task.cancel()
-        if leftover:
-            await asyncio.gather(*(t for _, _, t in leftover), return_exceptions=True)
+        if running:
+            await asyncio.gather(*(t for _, _, t in running), return_exceptions=True)
+        leftover = unstarted + [job for job, _, _ in running]
         for attempt in range(3):
             try:
                 await self._flush()
-                if leftover:
-                    conn = await self._db()
-                    await conn.execute(
-                        self._sql.release.sql,
-                        self._sql.release.params(
-                            ids=[j.id for j, _, _ in leftover],
-                            tokens=[j.lease_token for j, _, _ in leftover],
-                        ),
-                    )
-                    self.counts["released"] += len(leftover)
-                    log.warning(
-                        "released %d unfinished jobs back to the queue",
-                        len(leftover),
-                        extra={"event": "released"},
-                    )
+                await self._release(leftover)
                 return
             except CONNECTION_ERRORS as exc:
                 log.warning(

@@ -116,8 +116,8 @@ def test_sigterm_lets_jobs_in_flight_finish_and_exits_0(
     assert len(finished) == len(started), "every job in flight finished"
     with effects.connect() as conn:
         left = conn.execute(text("SELECT state, attempts FROM sqla_jobs_job")).all()
+    # Jobs prefetched but never started were given back (attempts restored); none in flight was.
     assert [tuple(r) for r in left] == [("pending", 0)] * (len(ids) - len(finished))
-    assert "event=released" not in log
 
 
 def test_a_second_sigterm_exits_at_once_with_130(effects: Engine, spawn_worker: Spawn) -> None:
