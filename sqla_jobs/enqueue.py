@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from . import statements
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 _NOTIFIED_KEY = "sqla_jobs.notified"
-_INSERT_ONE = statements.insert_job().returning(Job)
+_INSERT_ONE = select(Job).from_statement(statements.insert_job().returning(*Job.__table__.c))
+_INSERT_ONE_NOTIFY = select(Job).from_statement(statements.insert_job_and_notify())
 _INSERT_MANY = statements.insert_jobs()
 _NOTIFY = statements.notify()
 _ZERO = timedelta(0)
@@ -266,21 +268,42 @@ def _exec_options(schema: str | None) -> dict[str, Any]:
     return {} if schema is None else {"schema_translate_map": {None: schema}}
 
 
-def _queues_to_notify(session: Session, queues: Iterable[str]) -> list[str]:
-    """Queues not yet notified in the session's current (innermost) transaction.
+def _notified(session: Session) -> set[str]:
+    """The queues already notified in the session's current (innermost) transaction.
 
     Postgres folds identical notifications within a transaction anyway; tracking them here saves the
-    round trip. Keyed on the innermost transaction, so a rolled-back savepoint (whose NOTIFY is
-    discarded with it) cannot suppress the outer transaction's wakeup.
+    work. Keyed on the innermost transaction, so a rolled-back savepoint (whose NOTIFY is discarded
+    with it) cannot suppress the outer transaction's wakeup. Before the session has begun a
+    transaction there is none, and nothing has been notified.
     """
     tx = session.get_nested_transaction() or session.get_transaction()
+    if tx is None:
+        return set()
     seen = session.info.get(_NOTIFIED_KEY)
     if seen is None or seen[0] is not tx:
         seen = (tx, set[str]())
         session.info[_NOTIFIED_KEY] = seen
-    fresh = [q for q in dict.fromkeys(queues) if q not in seen[1]]
-    seen[1].update(fresh)
+    notified: set[str] = seen[1]
+    return notified
+
+
+def _queues_to_notify(session: Session, queues: Iterable[str]) -> list[str]:
+    """Queues not yet notified in the current transaction; marks them notified."""
+    seen = _notified(session)
+    fresh = [q for q in dict.fromkeys(queues) if q not in seen]
+    seen.update(fresh)
     return fresh
+
+
+def _insert_one(
+    session: Session, job: Prepared, run_at: datetime | None, delay: timedelta, channel: str
+) -> tuple[Any, dict[str, Any]]:
+    """The statement and parameters for one job: with the wakeup folded in, unless this
+    transaction already notified the job's queue."""
+    params = _one_params(job, run_at, delay)
+    if job.queue in _notified(session):
+        return _INSERT_ONE, params
+    return _INSERT_ONE_NOTIFY, {**params, "channel": channel, "queue_name": job.queue}
 
 
 def enqueue(
@@ -294,11 +317,9 @@ def enqueue(
 ) -> Job:
     """Insert one prepared job through ``session`` and queue its wakeup; returns the ``Job``."""
     opts = _exec_options(schema)
-    row: Job = session.scalars(
-        _INSERT_ONE, _one_params(job, run_at, delay), execution_options=opts
-    ).one()
-    for q in _queues_to_notify(session, [job.queue]):
-        session.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
+    stmt, params = _insert_one(session, job, run_at, delay, channel)
+    row: Job = session.scalars(stmt, params, execution_options=opts).one()
+    _queues_to_notify(session, [job.queue])
     return row
 
 
@@ -334,12 +355,10 @@ async def enqueue_async(
 ) -> Job:
     """:func:`enqueue` for an ``AsyncSession``."""
     opts = _exec_options(schema)
-    result = await session.scalars(
-        _INSERT_ONE, _one_params(job, run_at, delay), execution_options=opts
-    )
+    stmt, params = _insert_one(session.sync_session, job, run_at, delay, channel)
+    result = await session.scalars(stmt, params, execution_options=opts)
     row: Job = result.one()
-    for q in _queues_to_notify(session.sync_session, [job.queue]):
-        await session.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
+    _queues_to_notify(session.sync_session, [job.queue])
     return row
 
 

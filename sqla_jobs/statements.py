@@ -40,6 +40,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
@@ -127,6 +128,22 @@ def insert_job() -> Insert:
         concurrency_key=bindparam("concurrency_key", type_=Text),
         concurrency_limit=bindparam("concurrency_limit", type_=BigInteger),
     )
+
+
+def insert_job_and_notify() -> Select[Any]:
+    """:func:`insert_job`, plus the wakeup (``pg_notify(channel, queue)``) in the same statement,
+    so the first enqueue of a transaction costs one round trip; returns the inserted row.
+
+    The notification is queued with the transaction and delivered only if it commits.
+    """
+    inserted = insert_job().returning(*job.c).cte("inserted")
+    # A one-row subquery joined to the insert, so the notify runs exactly once per statement.
+    wakeup = select(
+        func.pg_notify(bindparam("channel", type_=Text), bindparam("queue_name", type_=Text)).label(
+            "notified"
+        )
+    ).subquery("wakeup")
+    return select(*inserted.c).select_from(inserted.join(wakeup, true()))
 
 
 def insert_jobs() -> AnyInsert:
