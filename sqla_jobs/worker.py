@@ -26,7 +26,6 @@ import traceback
 import typing
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -39,6 +38,7 @@ from ._leases import CONNECTION_ERRORS, LeaseKeeper
 from ._listener import Listener
 from ._sql import WorkerSQL
 from ._steps import StepWriter
+from ._threads import SyncRunners
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .errors import ConfigurationError, LeaseLostError, StepError
 from .jobs import Jobs
@@ -332,9 +332,7 @@ class Worker:
         #: Bumped by every wakeup, so a claim can tell whether one arrived while it was in flight.
         self._wakeups = 0
         self._queue_turn = 0
-        self._executor = ThreadPoolExecutor(
-            max_workers=concurrency * 2, thread_name_prefix="sqla-jobs-handler"
-        )
+        self._runners: SyncRunners | None = None
         self.leases: LeaseKeeper | None = None
         self.listener: Listener | None = None
         #: Counters for tests, benchmarks and the final log line.
@@ -425,7 +423,8 @@ class Worker:
             self.leases.stop()
             await asyncio.to_thread(self.leases.join, 10)
             await self._close()
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            if self._runners is not None:
+                self._runners.close()
             self._steps.close()
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -769,12 +768,18 @@ class Worker:
         if inspect.iscoroutinefunction(handler):
             call: Any = handler(args, ctx)
         else:
-            loop = asyncio.get_running_loop()
-            call = loop.run_in_executor(self._executor, handler, args, ctx)
+            if self._runners is None:
+                self._runners = SyncRunners(
+                    asyncio.get_running_loop(), self.config.concurrency, "sqla-jobs-handler"
+                )
+            call = self._runners.submit(handler, args, ctx)
         if kind.options.timeout is not None:
             try:
                 result = await asyncio.wait_for(call, kind.options.timeout)
             except TimeoutError:
+                if self._runners is not None and not inspect.iscoroutinefunction(handler):
+                    # The thread cannot be stopped: give the worker a runner in its place.
+                    self._runners.replace_stuck()
                 raise HandlerTimeout(f"timed out after {kind.options.timeout:g}s") from None
         else:
             result = await call

@@ -1,0 +1,94 @@
+"""Threads for sync handlers: a fixed set of runners whose completions wake the event loop in
+batches.
+
+A thread pool executor costs a future, a condition variable and a self-pipe write per job; with
+short handlers that overhead, not the handler, sets the worker's pace. Here each runner thread
+appends its result to a deque and wakes the loop only if no wakeup is already pending, so a burst
+of completions costs one wakeup. A handler past its timeout cannot be interrupted (Python threads
+cannot be killed): its runner is replaced, so the worker keeps its capacity, and retires once the
+handler returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_Item = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+_Done = tuple["asyncio.Future[Any]", Any, BaseException | None]
+
+
+class SyncRunners:
+    """``size`` daemon threads running sync callables for one event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, size: int, name: str) -> None:
+        self._loop = loop
+        self._name = name
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._done: collections.deque[_Done] = collections.deque()
+        self._signaled = False
+        self._lock = threading.Lock()
+        self._retire = 0
+        self._count = 0
+        for _ in range(size):
+            self._spawn()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` on a runner; the future resolves on the loop."""
+        fut: asyncio.Future[Any] = self._loop.create_future()
+        self._queue.put((fut, fn, args))
+        return fut
+
+    def replace_stuck(self) -> None:
+        """A runner is stuck in a handler that timed out: add one, and let one retire later."""
+        with self._lock:
+            self._retire += 1
+        self._spawn()
+
+    def close(self) -> None:
+        """Ask every runner to exit once its current call returns."""
+        for _ in range(self._count + self._retire):
+            self._queue.put(None)
+
+    def _spawn(self) -> None:
+        self._count += 1
+        threading.Thread(target=self._run, name=f"{self._name}-{self._count}", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fut, fn, args = item
+            try:
+                done: _Done = (fut, fn(*args), None)
+            except BaseException as exc:  # handed to the awaiting task, never lost
+                done = (fut, None, exc)
+            self._done.append(done)
+            # Wake the loop only if it has no wakeup pending: it drains everything at once.
+            if not self._signaled:
+                self._signaled = True
+                try:
+                    self._loop.call_soon_threadsafe(self._collect)
+                except RuntimeError:
+                    return  # the loop is closed: nobody is waiting any more
+            with self._lock:
+                if self._retire > 0:
+                    self._retire -= 1
+                    return
+
+    def _collect(self) -> None:
+        # Reset before draining: a result appended after this line signals again.
+        self._signaled = False
+        while self._done:
+            fut, result, exc = self._done.popleft()
+            if fut.cancelled():
+                continue  # timed out or shut down: the task has moved on
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(result)
