@@ -43,10 +43,12 @@ class LeaseKeeper(threading.Thread):
         snapshot: Snapshot,
         on_lost: OnLost,
         name: str,
+        prepare_threshold: int | None = 5,
     ) -> None:
         super().__init__(name=f"sqla-jobs-leases-{name}", daemon=True)
         self._conninfo = conninfo
         self._application_name = application_name
+        self._prepare_threshold = prepare_threshold
         self._sql = sql
         self._lease = lease
         self._heartbeat = heartbeat
@@ -95,6 +97,7 @@ class LeaseKeeper(threading.Thread):
                 autocommit=True,
                 connect_timeout=5,
                 application_name=self._application_name,
+                prepare_threshold=self._prepare_threshold,
             )
         return self._conn
 

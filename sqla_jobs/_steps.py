@@ -23,9 +23,17 @@ class StepWriter:
     Sync handlers call it from their threads; async handlers through ``asyncio.to_thread``.
     """
 
-    def __init__(self, conninfo: str, statement: Compiled, application_name: str) -> None:
+    def __init__(
+        self,
+        conninfo: str,
+        statement: Compiled,
+        application_name: str,
+        *,
+        prepare_threshold: int | None = 5,
+    ) -> None:
         self._conninfo = conninfo
         self._application_name = application_name
+        self._prepare_threshold = prepare_threshold
         self._statement = statement
         self._idle: queue.LifoQueue[psycopg.Connection[tuple[object, ...]]] = queue.LifoQueue()
 
@@ -54,6 +62,7 @@ class StepWriter:
                 autocommit=True,
                 connect_timeout=10,
                 application_name=self._application_name,
+                prepare_threshold=self._prepare_threshold,
             )
         if conn.closed:
             return self._take()

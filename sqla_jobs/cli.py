@@ -99,17 +99,21 @@ def cmd_worker(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         listen=not args.no_listen,
         keep_history=args.keep_history,
+        prepared_statements=not args.no_prepared_statements,
     )
     check_reachable(url)
     return worker.run_sync()
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
+    from datetime import timedelta
+
     from .stats import collect, render
 
     url = _database_url(args)
     check_reachable(url)
-    print(render(collect(url, schema=args.schema)))
+    old = None if args.old_transaction is None else timedelta(seconds=args.old_transaction)
+    print(render(collect(url, schema=args.schema, old_transaction=old)))
     return EXIT_OK
 
 
@@ -190,6 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="poll only, no LISTEN (PgBouncer transaction pooling; env SQLA_JOBS_LISTEN=0)",
     )
     w.add_argument(
+        "--no-prepared-statements",
+        action="store_true",
+        default=(_env("PREPARED_STATEMENTS", "1") or "1").lower() in ("0", "false", "no"),
+        help="never prepare statements server-side (PgBouncer < 1.21 in transaction pooling; "
+        "env SQLA_JOBS_PREPARED_STATEMENTS=0)",
+    )
+    w.add_argument(
         "--keep-history",
         action="store_true",
         default=(_env("KEEP_HISTORY", "0") or "0").lower() in ("1", "true", "yes"),
@@ -201,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("stats", help="jobs per queue and state, queue latency, table health")
     db(s)
     s.add_argument("--schema", default=_env("SCHEMA"), help="schema of the queue table")
+    s.add_argument(
+        "--old-transaction",
+        type=float,
+        default=float(_env("OLD_TRANSACTION")) if _env("OLD_TRANSACTION") else None,  # type: ignore[arg-type]
+        help="warn about a transaction open longer than this many seconds "
+        "(env SQLA_JOBS_OLD_TRANSACTION; default 300)",
+    )
     s.set_defaults(func=cmd_stats)
 
     m = sub.add_parser("migrate", help="create or upgrade the queue table (alembic upgrade)")

@@ -7,12 +7,13 @@ the model class changes nothing in the database, because only the kind string is
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .errors import RegistryError, UnknownKindError
@@ -38,6 +39,27 @@ def check_name(what: str, value: object) -> str:
             "starting with a letter or digit"
         )
     return value
+
+
+def load_payload(model: type[M], stored: object) -> M:
+    """Validate a stored payload against ``model`` the way enqueue validated it: as JSON.
+
+    ``stored`` is the jsonb text (what the worker fetches) or its decoded value. Validating the
+    JSON text matters twice: a strict model takes datetimes and UUIDs as the strings JSON holds
+    (in Python mode it would refuse them), and pydantic's parser bounds nesting where Python's
+    ``json`` module raises ``RecursionError``. Raises ``ValidationError``.
+    """
+    text = stored if isinstance(stored, (str, bytes)) else json.dumps(stored)
+    return model.model_validate_json(text)
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """Where each error is and what it is, never the input: payload values must not reach
+    ``last_error`` or the logs."""
+    return f"{exc.error_count()} error(s): " + "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}"
+        for e in exc.errors(include_url=False, include_input=False)
+    )
 
 
 @dataclass(frozen=True)

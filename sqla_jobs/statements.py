@@ -532,13 +532,23 @@ def table_health() -> Select[tuple[object, ...]]:
 
 
 def oldest_transaction() -> Select[tuple[object, ...]]:
-    """The oldest open transaction holding back the xmin horizon (its age, pid, state, and the
-    first 100 characters of its query): what stops vacuum from removing the queue's dead tuples."""
+    """The oldest open transaction holding back this database's xmin horizon (its age, pid, state,
+    and the first 100 characters of its query): what stops vacuum from removing the queue's dead
+    tuples.
+
+    A transaction holds the horizon back through its snapshot (``backend_xmin``) or through its own
+    transaction id (``backend_xid``): a session idle in a transaction that wrote something holds
+    no snapshot, yet pins every row version that died after it began. Transactions in other
+    databases do not hold back this database's tables and are left out; backends of no database
+    (a walsender with ``hot_standby_feedback``) are kept.
+    """
     return select(
         text(
             "now() - xact_start AS age, pid, state, left(query, 100) AS query "
             "FROM pg_stat_activity "
-            "WHERE backend_xmin IS NOT NULL AND pid <> pg_backend_pid() "
+            "WHERE (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) "
+            "AND (datname = current_database() OR datname IS NULL) "
+            "AND pid <> pg_backend_pid() "
             "ORDER BY xact_start LIMIT 1"
         )
     )

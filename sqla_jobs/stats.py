@@ -29,12 +29,15 @@ class Stats:
     rows: list[tuple[str, str, int, timedelta | None]] = field(default_factory=list)
     table: dict[str, Any] = field(default_factory=dict)
     oldest_transaction: dict[str, Any] | None = None
+    #: Warn about a transaction open longer than this (None: :data:`OLD_TRANSACTION`).
+    old_transaction: timedelta | None = None
 
     @property
     def warnings(self) -> list[str]:
         out = []
         tx = self.oldest_transaction
-        if tx is not None and tx["age"] is not None and tx["age"] > OLD_TRANSACTION:
+        limit = OLD_TRANSACTION if self.old_transaction is None else self.old_transaction
+        if tx is not None and tx["age"] is not None and tx["age"] > limit:
             out.append(
                 f"transaction open for {_age(tx['age'])} (pid {tx['pid']}, {tx['state']}): it holds "
                 "back vacuum, so the queue's dead tuples cannot be removed"
@@ -42,8 +45,11 @@ class Stats:
         return out
 
 
-def collect(url: str, *, schema: str | None = None) -> Stats:
-    """Read the snapshot (no locks taken)."""
+def collect(
+    url: str, *, schema: str | None = None, old_transaction: timedelta | None = None
+) -> Stats:
+    """Read the snapshot (no locks taken). ``old_transaction``: warn about a transaction open
+    longer than this (default :data:`OLD_TRANSACTION`, 5 minutes)."""
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
     opts = {} if schema is None else {"schema_translate_map": {None: schema}}
     try:
@@ -61,6 +67,7 @@ def collect(url: str, *, schema: str | None = None) -> Stats:
         rows=rows,
         table=dict(health) if health else {},
         oldest_transaction=dict(oldest) if oldest else None,
+        old_transaction=old_transaction,
     )
 
 

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from ._sql import Compiled, WorkerSQL
 from .jobs import Jobs
+from .kinds import load_payload
 from .model import Job, JobState
 from .worker import ClaimedJob, JobContext
 
@@ -83,16 +84,21 @@ def run_jobs(
     def execute(stmt: Compiled, **params: Any) -> Any:
         return conn.exec_driver_sql(stmt.sql, stmt.params(**params))
 
-    for queue in queues or sorted({k.options.queue for k in jobs}):
-        rows = execute(
-            sql.claim, queue=queue, limit=limit, lease=timedelta(minutes=5), worker="testing"
-        ).all()
+    def record(job_id: int, token: uuid.UUID, name: str, value: str) -> bool:
+        return (
+            execute(sql.record_step, id=job_id, token=token, name=name, value=value).first()
+            is not None
+        )
 
-        def record(job_id: int, token: uuid.UUID, name: str, value: str) -> bool:
-            return (
-                execute(sql.record_step, id=job_id, token=token, name=name, value=value).first()
-                is not None
-            )
+    lease = timedelta(minutes=5)
+    for queue in queues or sorted({k.options.queue for k in jobs}):
+        rows = execute(sql.claim, queue=queue, limit=limit, lease=lease, worker="testing").all()
+        # Keyed jobs too, within their limits, as a worker would claim them.
+        keys = [r[0] for r in execute(sql.lock_keys, queue=queue, scan=limit).all()]
+        if keys:
+            rows += execute(
+                sql.claim_keyed, queue=queue, keys=keys, limit=limit, lease=lease, worker="testing"
+            ).all()
 
         for row in rows:
             job = ClaimedJob(*row)
@@ -101,7 +107,7 @@ def run_jobs(
                 raise LookupError(f"no handler registered for kind {job.kind!r}")
             ctx = JobContext.for_job(job, "testing", record)
             try:
-                value: Any = kind.handler(kind.model.model_validate(row.payload), ctx)
+                value: Any = kind.handler(load_payload(kind.model, row.payload), ctx)
                 if inspect.isawaitable(value):
                     asyncio.run(_await(value))
             except Exception as exc:

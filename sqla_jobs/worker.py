@@ -31,6 +31,7 @@ from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.types.string import TextLoader
 from pydantic import ValidationError
 
 from ._db import libpq_conninfo
@@ -42,7 +43,7 @@ from ._threads import SyncRunners
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .errors import ConfigurationError, LeaseLostError, StepError
 from .jobs import Jobs
-from .kinds import Kind, check_name
+from .kinds import Kind, check_name, describe_errors, load_payload
 from .model import MAX_ERROR_CHARS
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -58,7 +59,8 @@ class ClaimedJob:
     id: int
     queue: str
     kind: str
-    payload: dict[str, Any]
+    #: The jsonb text as the worker fetches it (decoded only by pydantic), or its decoded value.
+    payload: str | dict[str, Any]
     priority: int
     attempts: int
     max_attempts: int
@@ -67,7 +69,7 @@ class ClaimedJob:
     lease_token: uuid.UUID
     created_at: datetime
     concurrency_key: str | None
-    steps: dict[str, Any] | None
+    steps: str | dict[str, Any] | None
 
 
 #: Records a durable step: (job id, lease token, step name, JSON text) -> lease still held?
@@ -102,6 +104,7 @@ class JobContext:
     @classmethod
     def for_job(cls, job: ClaimedJob, worker: str, recorder: Recorder | None) -> JobContext:
         """The context of a job just claimed by ``worker``."""
+        steps = json.loads(job.steps) if isinstance(job.steps, str) else job.steps
         return cls(
             job_id=job.id,
             kind=job.kind,
@@ -111,7 +114,7 @@ class JobContext:
             max_attempts=job.max_attempts,
             created_at=job.created_at,
             worker=worker,
-            steps=dict(job.steps or {}),
+            steps=dict(steps or {}),
             lease_token=job.lease_token,
             recorder=recorder,
         )
@@ -176,6 +179,7 @@ class WorkerConfig:
     batch_size: int | None = None
     prefetch: int | None = None
     name: str | None = None
+    prepared_statements: bool = True
 
     @property
     def auto_prefetch(self) -> int:
@@ -262,9 +266,12 @@ class Worker:
     at shutdown. By default the prefetch is automatic: ``4 * concurrency`` (16 to 256) while
     handlers take under 50 ms on average, none otherwise.
     ``listen=False`` is poll-only mode, for
-    PgBouncer in transaction pooling. :meth:`stop` (or SIGTERM/SIGINT under :meth:`run_sync`) stops
-    claiming at once, lets running handlers finish for up to ``shutdown_timeout`` seconds, and
-    gives back the leases of those that did not (not counted as a failure).
+    PgBouncer in transaction pooling; ``prepared_statements=False`` stops psycopg from preparing
+    statements server-side on the worker's connections, which PgBouncer before 1.21 (or without
+    ``max_prepared_statements``) cannot route in transaction pooling. :meth:`stop` (or SIGTERM or
+    SIGINT under :meth:`run_sync`) stops claiming at once, lets running handlers finish for up to
+    ``shutdown_timeout`` seconds, and gives back the leases of those that did not (not counted as
+    a failure).
     """
 
     def __init__(
@@ -284,6 +291,7 @@ class Worker:
         batch_size: int | None = None,
         prefetch: int | None = None,
         name: str | None = None,
+        prepared_statements: bool = True,
     ) -> None:
         if queues is None:
             queues = sorted({k.options.queue for k in jobs if k.handler is not None})
@@ -300,10 +308,13 @@ class Worker:
             batch_size=batch_size,
             prefetch=prefetch,
             name=name,
+            prepared_statements=prepared_statements,
         )
         check_config(self.config, jobs)
         self.jobs = jobs
         self.conninfo = libpq_conninfo(database_url)
+        # psycopg prepares a statement server-side after its 5th run; None: never.
+        self._prepare_threshold: int | None = 5 if prepared_statements else None
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._sql = WorkerSQL(jobs.schema)
         # Keyed claims cost an extra transaction per round: only workers that may see keyed jobs
@@ -313,7 +324,12 @@ class Worker:
             for k in jobs
             if k.handler is not None and k.options.queue in self.config.queues
         )
-        self._steps = StepWriter(self.conninfo, self._sql.record_step, self._app_name("steps"))
+        self._steps = StepWriter(
+            self.conninfo,
+            self._sql.record_step,
+            self._app_name("steps"),
+            prepare_threshold=self._prepare_threshold,
+        )
         self._lease = timedelta(seconds=lease)
         self._active: dict[int, tuple[ClaimedJob, JobContext, asyncio.Task[None]]] = {}
         #: Claimed, not started yet: they wait for a free slot (at most ``prefetch`` of them).
@@ -384,6 +400,7 @@ class Worker:
         self.leases = LeaseKeeper(
             conninfo=self.conninfo,
             application_name=self._app_name("leases"),
+            prepare_threshold=self._prepare_threshold,
             sql=self._sql,
             lease=self._lease,
             heartbeat=self.config.heartbeat_seconds,
@@ -583,12 +600,18 @@ class Worker:
             pass
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
-        return await psycopg.AsyncConnection.connect(
+        conn = await psycopg.AsyncConnection.connect(
             self.conninfo,
             autocommit=True,
             connect_timeout=10,
             application_name=self._app_name("claim"),
+            prepare_threshold=self._prepare_threshold,
         )
+        # Claimed payloads (and steps) arrive as jsonb text, decoded by pydantic in _run_job: a
+        # payload Python's json module cannot decode (nested past the recursion limit) must kill
+        # its job, not the fetch loop and the whole claimed batch with it.
+        conn.adapters.register_loader("jsonb", TextLoader)
+        return conn
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
@@ -731,10 +754,11 @@ class Worker:
                 return
             outcome.backoff = kind.options.backoff
             try:
-                args = kind.model.model_validate(job.payload)
+                args = load_payload(kind.model, job.payload)
             except ValidationError as exc:
                 outcome.error = (
-                    f"payload no longer validates against {kind.model.__qualname__}: {exc}"
+                    f"payload no longer validates against {kind.model.__qualname__}: "
+                    + describe_errors(exc)
                 )
                 outcome.dead = True
                 return

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from sqla_jobs import InvalidOptionError, Jobs, RegistryError
+from sqla_jobs import InvalidOptionError, Jobs, RegistryError, testing
 from sqla_jobs._db import libpq_conninfo
 from sqla_jobs._sql import WorkerSQL
 
@@ -162,3 +162,14 @@ def test_invalid_concurrency_options_are_refused_at_registration() -> None:
         Jobs().register("a", Free, concurrency_limit=0)
     with pytest.raises(RegistryError):
         Jobs().register("b", Free, concurrency_key="not callable")
+
+
+def test_testing_run_jobs_runs_keyed_jobs_one_per_key(clean: Engine) -> None:
+    jobs, runs = _recording_jobs(limit=1)
+    with Session(clean) as s, s.begin():
+        jobs.enqueue_many(s, [Keyed(customer=i % 2, seq=i // 2) for i in range(4)])
+        # One per key per round: the key's next job waits for the first to finish.
+        assert testing.run_jobs(jobs, s).done == 2
+        assert testing.run_jobs(jobs, s).done == 2
+        assert testing.run_jobs(jobs, s).done == 0
+    assert {k: [seq for _, _, seq in v] for k, v in runs.items()} == {"c0": [0, 1], "c1": [0, 1]}
