@@ -45,11 +45,12 @@ class Listener:
         self.connected = asyncio.Event()
         #: How many times the connection was (re)established; tests watch it.
         self.connects = 0
+        #: Failed attempts since the last successful connect: the backoff exponent.
+        self._failures = 0
         self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
 
     async def run(self) -> None:
         """Listen until cancelled."""
-        failures = 0
         while True:
             try:
                 await self._listen()
@@ -59,8 +60,8 @@ class Listener:
             except (psycopg.Error, OSError, TimeoutError) as exc:
                 self.connected.clear()
                 await self._close()
-                failures += 1
-                delay = min(0.05 * 2**failures, self._max_backoff)
+                self._failures += 1
+                delay = min(0.05 * 2**self._failures, self._max_backoff)
                 log.warning(
                     "LISTEN connection lost, reconnecting in %.2fs (polling meanwhile): %s",
                     delay,
@@ -68,8 +69,6 @@ class Listener:
                     extra={"event": "listener_lost"},
                 )
                 await asyncio.sleep(delay)
-            else:  # pragma: no cover - _listen only returns by raising
-                failures = 0
 
     async def _listen(self) -> None:
         conn = await psycopg.AsyncConnection.connect(
@@ -81,6 +80,8 @@ class Listener:
         self._conn = conn
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
         self.connects += 1
+        # Connected again: the next loss starts the backoff over, however many came before.
+        self._failures = 0
         self.connected.set()
         # Anything enqueued while we were away was announced to nobody: look once.
         self._wake()

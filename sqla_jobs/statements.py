@@ -214,7 +214,8 @@ def claim() -> AnyUpdate:
     Locks the claimed rows (``FOR UPDATE SKIP LOCKED``: rows another worker holds are stepped over,
     never waited for); sets them ``running`` with a fresh lease token and a lease of ``lease`` from
     the database's ``now()``, and counts the attempt now, at claim time, so a job that kills its
-    worker cannot be retried forever. Returns :data:`CLAIMED_COLUMNS`. Served by
+    worker cannot be retried forever. With ``crashed_ok`` false (default true) it steps over jobs
+    that crashed a worker before (``crashes > 0``). Returns :data:`CLAIMED_COLUMNS`. Served by
     ``sqla_jobs_job_claim_idx`` (partial, pending rows only): an ordered index scan, no sort.
     """
     # MATERIALIZED fences the selection: the UPDATE joins against exactly the rows the LIMIT kept.
@@ -227,6 +228,9 @@ def claim() -> AnyUpdate:
             job.c.concurrency_key.is_(None),
             job.c.queue == bindparam("queue", type_=Text),
             job.c.run_at <= func.now(),
+            # A filter on the same index scan: stepping over the few crashed rows at the head of
+            # the line costs nothing and needs no index of its own.
+            or_(job.c.crashes == 0, bindparam("crashed_ok", True, type_=Boolean)),
         )
         .order_by(job.c.priority, job.c.run_at, job.c.id)
         .limit(bindparam("limit", type_=BigInteger))

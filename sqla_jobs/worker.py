@@ -334,12 +334,16 @@ class Worker:
         self._active: dict[int, tuple[ClaimedJob, JobContext, asyncio.Task[None]]] = {}
         #: Claimed, not started yet: they wait for a free slot (at most ``prefetch`` of them).
         self._buffer: collections.deque[ClaimedJob] = collections.deque()
+        #: Claimed jobs that crashed a worker before, to give back: this process holds one already.
+        self._give_back: list[ClaimedJob] = []
         self._buffered_at = 0.0
         self._finished_since = 0.0
         #: Moving average of handler run time (seconds); None until a job has finished.
         self._avg_runtime: float | None = None
         self._last_claim = 0.0
         self._finished: list[_Finished] = []
+        #: Outcomes a write in flight carries: still this worker's jobs until written.
+        self._writing: list[_Finished] = []
         self._stopping = False
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -629,12 +633,14 @@ class Worker:
     async def _write_and_claim(self, limit: int) -> int:
         """Write the finished jobs' outcomes and claim up to ``limit`` jobs, in one round trip
         (a psycopg pipeline: each statement still commits on its own)."""
-        batch, self._finished = self._finished, []
-        conn = await self._db()
         queues = self.config.queues
         first = queues[self._queue_turn % len(queues)]
         self._queue_turn += 1
+        batch, self._finished = self._finished, []
+        self._writing = batch
         try:
+            # Inside the try: a reconnect that fails must not drop the outcomes it was to write.
+            conn = await self._db()
             async with conn.pipeline():
                 done_cur = None
                 done = [f.job for f in batch if f.error is None]
@@ -658,7 +664,11 @@ class Worker:
                     claim_cur = await conn.execute(
                         self._sql.claim.sql,
                         self._sql.claim.params(
-                            queue=first, limit=limit, lease=self._lease, worker=self.name
+                            queue=first,
+                            limit=limit,
+                            lease=self._lease,
+                            worker=self.name,
+                            crashed_ok=not self._holds_a_crashed_job(),
                         ),
                     )
         except BaseException:
@@ -666,6 +676,8 @@ class Worker:
             # writing one twice changes nothing).
             self._finished = batch + self._finished
             raise
+        finally:
+            self._writing = []
         if done_cur is not None:
             self._count_done(len(done), len(await done_cur.fetchall()))
         for f, cur in fail_curs:
@@ -681,7 +693,11 @@ class Worker:
                 cur = await conn.execute(
                     self._sql.claim.sql,
                     self._sql.claim.params(
-                        queue=queue, limit=limit - claimed, lease=self._lease, worker=self.name
+                        queue=queue,
+                        limit=limit - claimed,
+                        lease=self._lease,
+                        worker=self.name,
+                        crashed_ok=not self._holds_a_crashed_job(),
                     ),
                 )
                 claimed += self._take(await cur.fetchall())
@@ -691,14 +707,36 @@ class Worker:
                     break
                 claimed += await self._claim_keyed(conn, queue, limit - claimed)
         self.counts["claimed"] += claimed
+        if self._give_back:
+            await self._release(self._give_back)
+            self._give_back = []
         return claimed
 
+    def _holds_a_crashed_job(self) -> bool:
+        return any(job.crashes > 0 for job, _, _ in list(self._active.values())) or any(
+            job.crashes > 0 for job in self._buffer
+        )
+
     def _take(self, rows: list[Any]) -> int:
+        """Buffer the claimed jobs; the number buffered.
+
+        A job that crashed a worker before (``crashes > 0``) is never held by a process that holds
+        another one: it is given back instead. A poison job takes down every job its process
+        holds, and the reaper returns them all to the queue together; claimed together again,
+        the healthy ones would crash with it every time and go dead with it. Kept apart, a job is
+        crashed by a given poison job at most once (on the poison job's first run).
+        """
         if rows and not self._buffer:
             self._buffered_at = time.monotonic()
+        taken = 0
         for row in rows:
-            self._buffer.append(ClaimedJob(*row))
-        return len(rows)
+            job = ClaimedJob(*row)
+            if job.crashes > 0 and self._holds_a_crashed_job():
+                self._give_back.append(job)
+            else:
+                self._buffer.append(job)
+                taken += 1
+        return taken
 
     def _count_done(self, sent: int, written: int) -> None:
         self.counts["done"] += written
@@ -860,8 +898,8 @@ class Worker:
     def _held(self) -> dict[int, uuid.UUID]:
         # Called from the lease thread: copy, the dict changes under the event loop.
         held = {job_id: entry[0].lease_token for job_id, entry in list(self._active.items())}
-        held.update((j.id, j.lease_token) for j in list(self._buffer))
-        held.update((f.job.id, f.job.lease_token) for f in list(self._finished))
+        held.update((j.id, j.lease_token) for j in [*self._buffer, *self._give_back])
+        held.update((f.job.id, f.job.lease_token) for f in [*self._writing, *self._finished])
         return held
 
     def _lost(self, ids: set[int]) -> None:
@@ -880,8 +918,9 @@ class Worker:
     async def _shutdown(self) -> None:
         # Claimed but never started: straight back to the queue for another worker, before
         # waiting for the running handlers.
-        unstarted = list(self._buffer)
+        unstarted = [*self._buffer, *self._give_back]
         self._buffer.clear()
+        self._give_back = []
         try:
             await self._release(unstarted)
             unstarted = []
