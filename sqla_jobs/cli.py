@@ -99,6 +99,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         shutdown_timeout=args.shutdown_timeout,
         listen=not args.no_listen,
         keep_history=args.keep_history,
+        prefetch=args.prefetch,
         prepared_statements=not args.no_prepared_statements,
     )
     check_reachable(url)
@@ -199,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=(_env("PREPARED_STATEMENTS", "1") or "1").lower() in ("0", "false", "no"),
         help="never prepare statements server-side (PgBouncer < 1.21 in transaction pooling; "
         "env SQLA_JOBS_PREPARED_STATEMENTS=0)",
+    )
+    w.add_argument(
+        "--prefetch",
+        type=int,
+        default=int(_env("PREFETCH")) if _env("PREFETCH") else None,  # type: ignore[arg-type]
+        help="claimed jobs that may wait for a free slot (env SQLA_JOBS_PREFETCH; default: "
+        "automatic, 4x concurrency while handlers are short, 0 otherwise)",
     )
     w.add_argument(
         "--keep-history",
