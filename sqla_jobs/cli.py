@@ -12,13 +12,15 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
 from ._db import ENV_VAR, libpq_conninfo, redact
 from .errors import ConfigurationError, SqlaJobsError
 from .jobs import Jobs
+
+T = TypeVar("T", int, float)
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -133,12 +135,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(database_url=args.database_url)
 
 
-def _float_env(name: str, default: float) -> float:
+def _number_env(name: str, kind: type[T], default: T | None) -> T | None:
+    """``SQLA_JOBS_<name>`` as an int or float; a clear usage error if it is not one."""
     raw = _env(name)
-    if raw is None:
+    if raw is None or raw == "":
         return default
     try:
-        return float(raw)
+        return kind(raw)
     except ValueError:
         raise CLIError(f"SQLA_JOBS_{name} must be a number, got {raw!r}") from None
 
@@ -161,31 +164,31 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--concurrency",
         type=int,
-        default=int(_env("CONCURRENCY", "4") or 4),
+        default=_number_env("CONCURRENCY", int, 4),
         help="handlers running at once (env SQLA_JOBS_CONCURRENCY; default 4)",
     )
     w.add_argument(
         "--lease",
         type=float,
-        default=_float_env("LEASE", 60.0),
+        default=_number_env("LEASE", float, 60.0),
         help="seconds a claim is held without a heartbeat (env SQLA_JOBS_LEASE; default 60)",
     )
     w.add_argument(
         "--heartbeat",
         type=float,
-        default=float(_env("HEARTBEAT")) if _env("HEARTBEAT") else None,  # type: ignore[arg-type]
+        default=_number_env("HEARTBEAT", float, None),
         help="seconds between lease renewals (env SQLA_JOBS_HEARTBEAT; default lease/3)",
     )
     w.add_argument(
         "--poll-interval",
         type=float,
-        default=_float_env("POLL_INTERVAL", 1.0),
+        default=_number_env("POLL_INTERVAL", float, 1.0),
         help="seconds between polls when no NOTIFY arrives (env SQLA_JOBS_POLL_INTERVAL; default 1)",
     )
     w.add_argument(
         "--shutdown-timeout",
         type=float,
-        default=_float_env("SHUTDOWN_TIMEOUT", 30.0),
+        default=_number_env("SHUTDOWN_TIMEOUT", float, 30.0),
         help="seconds running jobs get to finish after SIGTERM (env SQLA_JOBS_SHUTDOWN_TIMEOUT; 30)",
     )
     w.add_argument(
@@ -204,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--prefetch",
         type=int,
-        default=int(_env("PREFETCH")) if _env("PREFETCH") else None,  # type: ignore[arg-type]
+        default=_number_env("PREFETCH", int, None),
         help="claimed jobs that may wait for a free slot (env SQLA_JOBS_PREFETCH; default: "
         "automatic, 4x concurrency while handlers are short, 0 otherwise)",
     )
@@ -223,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--old-transaction",
         type=float,
-        default=float(_env("OLD_TRANSACTION")) if _env("OLD_TRANSACTION") else None,  # type: ignore[arg-type]
+        default=_number_env("OLD_TRANSACTION", float, None),
         help="warn about a transaction open longer than this many seconds "
         "(env SQLA_JOBS_OLD_TRANSACTION; default 300)",
     )

@@ -256,6 +256,28 @@ def _mark_claimed(stmt: Update) -> AnyUpdate:
 ADVISORY_NAMESPACE = -1196525586
 
 
+def _per_key_rank() -> ColumnElement[int]:
+    # A job's place in its key's line: priority, then run_at, then id (per-key FIFO).
+    return (
+        func.row_number()
+        .over(
+            partition_by=job.c.concurrency_key,
+            order_by=(job.c.priority, job.c.run_at, job.c.id),
+        )
+        .label("rank")
+    )
+
+
+def _due_keyed(key: ColumnElement[bool]) -> tuple[ColumnElement[bool], ...]:
+    # Pending, keyed as ``key`` says, in ``queue``, due: the keyed index's predicate comes first.
+    return (
+        job.c.state == PENDING,
+        key,
+        job.c.queue == bindparam("queue", type_=Text),
+        job.c.run_at <= func.now(),
+    )
+
+
 def lock_keys() -> Select[tuple[str]]:
     """Step 1 of the keyed claim: try-lock the concurrency keys of up to ``scan`` due keyed jobs of
     ``queue``, in claim order; returns the keys this transaction now holds.
@@ -270,19 +292,9 @@ def lock_keys() -> Select[tuple[str]]:
             job.c.priority,
             job.c.run_at,
             job.c.id,
-            func.row_number()
-            .over(
-                partition_by=job.c.concurrency_key,
-                order_by=(job.c.priority, job.c.run_at, job.c.id),
-            )
-            .label("rank"),
+            _per_key_rank(),
         )
-        .where(
-            job.c.state == PENDING,
-            job.c.concurrency_key.is_not(None),
-            job.c.queue == bindparam("queue", type_=Text),
-            job.c.run_at <= func.now(),
-        )
+        .where(*_due_keyed(job.c.concurrency_key.is_not(None)))
         .cte("heads")
         .prefix_with("MATERIALIZED")
     )
@@ -320,19 +332,9 @@ def claim_keyed() -> AnyUpdate:
             job.c.concurrency_limit,
             job.c.priority,
             job.c.run_at,
-            func.row_number()
-            .over(
-                partition_by=job.c.concurrency_key,
-                order_by=(job.c.priority, job.c.run_at, job.c.id),
-            )
-            .label("rank"),
+            _per_key_rank(),
         )
-        .where(
-            job.c.state == PENDING,
-            job.c.concurrency_key == func.any(keys),
-            job.c.queue == bindparam("queue", type_=Text),
-            job.c.run_at <= func.now(),
-        )
+        .where(*_due_keyed(job.c.concurrency_key == func.any(keys)))
         .cte("ranked")
         .prefix_with("MATERIALIZED")
     )
