@@ -42,7 +42,8 @@ class Figures:
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> Iterator[Figures]:
     """``figures.record(...)`` in a test publishes its numbers to RELIABILITY.md (chaos run)."""
-    doc = (request.node.function.__doc__ or request.node.name).strip().splitlines()[0]
+    text = (request.node.function.__doc__ or request.node.name).strip()
+    doc = " ".join(text.split("\n\n")[0].split())  # the first paragraph, on one line
     node = request.node.nodeid
     fig = Figures(
         scenario=doc,
