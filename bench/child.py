@@ -1,0 +1,201 @@
+"""Entry point of the benchmark's child processes (``python -m bench.child ...``).
+
+``worker --impl sqla|single|batched``: a sqla-jobs ``Worker`` or the baseline's claim loops; prints
+``ready``, starts on ``go``, stops on ``stop``, prints its result as JSON. ``listen-worker``: an
+idle listening worker (sqla-jobs or the baseline's) that records when each handler started. ``enqueue-many`` and
+``copy`` insert ``--jobs`` jobs in one transaction and print their memory as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+from sqla_jobs._db import libpq_conninfo
+
+from . import baseline
+from .procs import cpu_seconds, memory_kb
+
+
+def _say(obj: object) -> None:
+    print(obj if isinstance(obj, str) else json.dumps(obj), flush=True)
+
+
+def _wait_for(word: str) -> None:
+    for line in sys.stdin:
+        if line.strip() == word:
+            return
+    # stdin closed: the parent is gone, stop too.
+
+
+def worker(args: argparse.Namespace) -> dict[str, Any]:
+    if args.impl == "sqla":
+        from sqla_jobs.worker import Worker
+
+        from .app import make_jobs
+
+        w = Worker(
+            make_jobs(),
+            args.url,
+            concurrency=args.loops,
+            poll_interval=args.poll,
+            batch_size=args.batch_size,
+        )
+        errors: list[str] = []
+
+        def run() -> None:
+            try:
+                w.run_sync(install_signal_handlers=False)
+            except BaseException as exc:
+                errors.append(repr(exc))
+
+        thread = threading.Thread(target=run, name="sqla-jobs-worker")
+        _say("ready")
+        _wait_for("go")
+        thread.start()
+        _wait_for("stop")
+        w.stop()
+        thread.join(60)
+        return {"done": w.counts["done"], "counts": w.counts, "errors": errors}
+    loops = baseline.Loops(libpq_conninfo(args.url), args.loops, batched=args.impl == "batched")
+    _say("ready")
+    _wait_for("go")
+    loops.start()
+    _wait_for("stop")
+    return {"done": loops.stop(), "errors": []}
+
+
+def listen_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """An idle worker whose handler records, by job number, the wall-clock time it started."""
+    starts: dict[int, float] = {}
+    if args.impl == "sqla":
+        from sqla_jobs.worker import Worker
+
+        from .app import Ping, make_jobs
+
+        async def record(payload: Ping, ctx: object) -> None:
+            starts[payload.n] = time.time()
+
+        w = Worker(make_jobs(record), args.url, concurrency=4, poll_interval=args.poll)
+        thread = threading.Thread(
+            target=w.run_sync, kwargs={"install_signal_handlers": False}, daemon=True
+        )
+        _say("ready")
+        _wait_for("go")
+        thread.start()
+        deadline = time.monotonic() + 30
+        while w.listener is None or w.listener.connects < 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the worker did not LISTEN within 30 s")
+            time.sleep(0.005)
+        _say("listening")
+        _wait_for("stop")
+        w.stop()
+        thread.join(30)
+    else:
+
+        def record_dict(payload: dict[str, Any]) -> None:
+            starts[int(payload["n"])] = time.time()
+
+        from .app import KIND
+
+        lw = baseline.ListenWorker(
+            libpq_conninfo(args.url), poll=args.poll, handlers={KIND: record_dict}
+        )
+        _say("ready")
+        _wait_for("go")
+        lw.start()
+        if not lw.listening.wait(30):
+            raise TimeoutError("the baseline worker did not LISTEN within 30 s")
+        _say("listening")
+        _wait_for("stop")
+        lw.stop()
+        lw.join(30)
+    return {"starts": starts}
+
+
+def enqueue_many(args: argparse.Namespace) -> dict[str, Any]:
+    from sqlalchemy.orm import Session
+
+    from .app import Ping, make_engine, make_jobs
+
+    jobs = make_jobs()
+    engine = make_engine(args.url)
+    with Session(engine) as s:  # connect first: the pool is not what is measured
+        s.connection()
+    start_kb = memory_kb()["VmRSS"]
+    payloads = [Ping(n=i) for i in range(args.jobs)]
+    payloads_kb = memory_kb()["VmRSS"]
+    t0 = time.perf_counter()
+    with Session(engine) as s, s.begin():
+        ids = jobs.enqueue_many(s, payloads)
+    seconds = time.perf_counter() - t0
+    assert len(ids) == args.jobs
+    mem = memory_kb()
+    return {
+        "start_kb": start_kb,
+        "payloads_kb": payloads_kb,
+        "end_kb": mem["VmRSS"],
+        "hwm_kb": mem["VmHWM"],
+        "seconds": seconds,
+    }
+
+
+def copy(args: argparse.Namespace) -> dict[str, Any]:
+    import psycopg
+
+    from .app import KIND, payload_dict
+
+    with psycopg.connect(libpq_conninfo(args.url)) as conn:
+        start_kb = memory_kb()["VmRSS"]
+        payloads = [payload_dict(i) for i in range(args.jobs)]
+        payloads_kb = memory_kb()["VmRSS"]
+        t0 = time.perf_counter()
+        baseline.copy_jobs(conn, KIND, payloads)
+        seconds = time.perf_counter() - t0
+    mem = memory_kb()
+    return {
+        "start_kb": start_kb,
+        "payloads_kb": payloads_kb,
+        "end_kb": mem["VmRSS"],
+        "hwm_kb": mem["VmHWM"],
+        "seconds": seconds,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.child")
+    sub = parser.add_subparsers(dest="mode", required=True)
+    w = sub.add_parser("worker")
+    w.add_argument("--impl", choices=("sqla", "single", "batched"), required=True)
+    w.add_argument("--url", required=True)
+    w.add_argument("--loops", type=int, required=True)
+    w.add_argument("--poll", type=float, default=1.0)
+    w.add_argument("--batch-size", type=int, default=None)
+    lw = sub.add_parser("listen-worker")
+    lw.add_argument("--impl", choices=("sqla", "baseline"), required=True)
+    lw.add_argument("--url", required=True)
+    lw.add_argument("--poll", type=float, default=10.0)
+    for name in ("enqueue-many", "copy"):
+        p = sub.add_parser(name)
+        p.add_argument("--url", required=True)
+        p.add_argument("--jobs", type=int, required=True)
+    args = parser.parse_args(argv)
+    run = {
+        "worker": worker,
+        "listen-worker": listen_worker,
+        "enqueue-many": enqueue_many,
+        "copy": copy,
+    }[args.mode]
+    result = run(args)
+    mem = memory_kb()
+    result.update(rss_kb=mem.get("VmRSS"), hwm_kb_exit=mem.get("VmHWM"), cpu_s=cpu_seconds())
+    _say(result)
+
+
+if __name__ == "__main__":
+    main()

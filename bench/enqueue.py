@@ -1,0 +1,119 @@
+"""Enqueue throughput: one transaction per job through the ORM, and one bulk ``enqueue_many``.
+
+Against the doc's INSERT-with-NOTIFY plus COMMIT per job, and against COPY. Payload objects are
+built before the clock starts (they are the caller's input); serializing them is timed on both
+sides.
+"""
+
+from __future__ import annotations
+
+import time
+
+import psycopg
+from sqlalchemy.orm import Session
+
+from sqla_jobs._db import libpq_conninfo
+
+from . import baseline
+from .app import KIND, Ping, make_engine, make_jobs, payload_dict
+from .dbs import Subject, fresh_database
+from .figures import Outcome, Row, Series, Target
+from .settings import Context
+
+WARMUP = 50
+
+
+def single_sqla(url: str, n: int) -> float:
+    jobs = make_jobs()
+    engine = make_engine(url)
+    try:
+        for i in range(WARMUP):
+            with Session(engine) as s, s.begin():
+                jobs.enqueue(s, Ping(n=-i))
+        payloads = [Ping(n=i) for i in range(n)]
+        t0 = time.perf_counter()
+        for p in payloads:
+            with Session(engine) as s, s.begin():
+                jobs.enqueue(s, p)
+        return n / (time.perf_counter() - t0)
+    finally:
+        engine.dispose()
+
+
+def single_baseline(url: str, n: int) -> float:
+    with psycopg.connect(libpq_conninfo(url)) as conn:
+        for i in range(WARMUP):
+            baseline.insert_one(conn, KIND, payload_dict(-i))
+        payloads = [payload_dict(i) for i in range(n)]
+        t0 = time.perf_counter()
+        for p in payloads:
+            baseline.insert_one(conn, KIND, p)
+        return n / (time.perf_counter() - t0)
+
+
+def bulk_sqla(url: str, n: int) -> float:
+    jobs = make_jobs()
+    engine = make_engine(url)
+    try:
+        with Session(engine) as s, s.begin():
+            jobs.enqueue_many(s, [Ping(n=-1)])
+        payloads = [Ping(n=i) for i in range(n)]
+        t0 = time.perf_counter()
+        with Session(engine) as s, s.begin():
+            ids = jobs.enqueue_many(s, payloads)
+        elapsed = time.perf_counter() - t0
+        assert len(ids) == n
+        return n / elapsed
+    finally:
+        engine.dispose()
+
+
+def bulk_baseline(url: str, n: int) -> float:
+    with psycopg.connect(libpq_conninfo(url)) as conn:
+        baseline.copy_jobs(conn, KIND, [payload_dict(-1)])
+        payloads = [payload_dict(i) for i in range(n)]
+        t0 = time.perf_counter()
+        baseline.copy_jobs(conn, KIND, payloads)
+        return n / (time.perf_counter() - t0)
+
+
+def run(ctx: Context) -> Outcome:
+    sizes = ctx.sizes
+    cases = {
+        "single": (sizes.enqueue_single, single_sqla, single_baseline),
+        "bulk": (sizes.enqueue_bulk, bulk_sqla, bulk_baseline),
+    }
+    results = {name: {"sqla_jobs": Series(), "baseline": Series()} for name in cases}
+    for rep in range(ctx.repeat):
+        for name, (n, sqla_fn, base_fn) in cases.items():
+            # Alternate who goes first, so a drifting machine does not favour one side.
+            order: list[Subject] = (
+                ["sqla_jobs", "baseline"] if rep % 2 == 0 else ["baseline", "sqla_jobs"]
+            )
+            for subject in order:
+                fn = sqla_fn if subject == "sqla_jobs" else base_fn
+                with fresh_database(ctx.server_url, subject) as url:
+                    rate = fn(url, n)
+                results[name][subject].add(rate)
+                ctx.log(f"enqueue {name} {subject} rep {rep + 1}: {rate:,.0f} jobs/s")
+    rows = [
+        Row(
+            "enqueue",
+            f"1 txn per job, {sizes.enqueue_single:,} jobs (ORM enqueue vs INSERT+COMMIT)",
+            "jobs/s",
+            results["single"]["sqla_jobs"],
+            results["single"]["baseline"],
+            "raw INSERT+COMMIT",
+            Target("ratio_min", 0.7),
+        ),
+        Row(
+            "enqueue",
+            f"bulk {sizes.enqueue_bulk:,} jobs, 1 commit (enqueue_many vs COPY)",
+            "jobs/s",
+            results["bulk"]["sqla_jobs"],
+            results["bulk"]["baseline"],
+            "COPY",
+            Target("ratio_min", 0.5),
+        ),
+    ]
+    return Outcome(rows)
