@@ -5,29 +5,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
+
+from tests._waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 #: How long any single condition may take before the test fails.
 DEADLINE = 15.0
 
 T = TypeVar("T")
-
-
-def wait_until(check: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
-    """Poll ``check`` until it returns something truthy and return that; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        time.sleep(0.05)
 
 
 def cli_env(database_url: str | None) -> dict[str, str]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 from sqlalchemy import Engine, text
 
 from sqla_jobs import Jobs, Worker
+from tests._waiting import wait_until as _wait
 
 
 @contextlib.contextmanager
@@ -37,11 +37,7 @@ def running_workers(
 
 def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
     """Poll ``condition`` until it holds, or fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or condition}")
-        time.sleep(0.02)
+    _wait(condition, what or str(condition), timeout)
 
 
 def queue_empty(engine: Engine) -> Callable[[], bool]:

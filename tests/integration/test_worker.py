@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from sqla_jobs import Backoff, ConfigurationError, JobContext, Jobs, Worker
 from sqla_jobs._db import libpq_conninfo
+from tests._waiting import wait_until
 
 T = TypeVar("T")
 
@@ -36,18 +37,6 @@ NOWHERE = "postgresql://nobody@127.0.0.1:1/nothing"
 
 
 # -- harness ----------------------------------------------------------------------------------------
-
-
-def wait_until(check: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
-    """Poll ``check`` until it returns something truthy and return that; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        time.sleep(0.02)
 
 
 class WorkerThread:

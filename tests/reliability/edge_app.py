@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -27,6 +26,7 @@ from pydantic import BaseModel
 
 from sqla_jobs import JobContext, Jobs, Worker
 from sqla_jobs._db import libpq_conninfo
+from tests._waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 #: Where handlers record their effects (default: ``DATABASE_URL``, the worker's own database). A
@@ -50,6 +50,12 @@ CREATE TABLE IF NOT EXISTS {EFFECTS_TABLE} (
 DEADLINE = 20.0
 
 T = TypeVar("T")
+
+
+def wait_for(check: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
+    """:func:`tests._waiting.wait_until` with this suite's longer default deadline."""
+    return wait_until(check, what, timeout, interval=0.05)
+
 
 jobs = Jobs()
 
@@ -90,18 +96,6 @@ def hold(args: Hold, ctx: JobContext) -> None:
 
 
 # -- the harness ------------------------------------------------------------------------------------
-
-
-def wait_for(check: Callable[[], T], what: str, timeout: float = DEADLINE) -> T:
-    """Poll ``check`` until it returns something truthy and return that; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what}")
-        time.sleep(0.05)
 
 
 @dataclass
