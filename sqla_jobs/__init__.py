@@ -6,6 +6,7 @@ Enqueue rides the caller's own ``Session``: the job exists if and only if that t
 from __future__ import annotations
 
 from .backoff import Backoff
+from .context import JobContext
 from .errors import (
     ConfigurationError,
     DatabaseURLError,
@@ -24,7 +25,7 @@ from .errors import (
 from .jobs import Jobs
 from .kinds import Kind, KindOptions
 from .model import Job, JobHistory, JobState, metadata
-from .worker import JobContext, Worker
+from .worker import Worker
 
 __all__ = [
     "Backoff",

@@ -34,10 +34,11 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from ._db import ENV_VAR, embedded_server, libpq_conninfo, redact, sqlalchemy_url, with_database
 from .backoff import Backoff
+from .context import JobContext
 from .jobs import Jobs
 from .migrate import upgrade
 from .stats import collect, render
-from .worker import JobContext, Worker
+from .worker import Worker
 
 #: Worker settings small enough that retries, lease expiry and reaping happen within seconds.
 SLOTS = 4

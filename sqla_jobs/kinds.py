@@ -19,7 +19,7 @@ from .backoff import DEFAULT_BACKOFF, Backoff
 from .errors import RegistryError, UnknownKindError
 
 if TYPE_CHECKING:
-    from .worker import JobContext
+    from .context import JobContext
 
 M = TypeVar("M", bound=BaseModel)
 #: A handler takes the validated payload and the job's context; it may be sync or async.

@@ -27,10 +27,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ._sql import Compiled, WorkerSQL
+from .context import ClaimedJob, JobContext
 from .jobs import Jobs
 from .kinds import load_payload
 from .model import Job, JobState
-from .worker import ClaimedJob, JobContext
 
 
 def enqueued(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
-import json
 import logging
 import os
 import signal
@@ -23,17 +22,17 @@ import socket
 import threading
 import time
 import traceback
-import typing
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import psycopg
 from psycopg.types.string import TextLoader
 from pydantic import ValidationError
 
+from ._config import WorkerConfig, check_config
 from ._db import libpq_conninfo
 from ._leases import CONNECTION_ERRORS, LeaseKeeper
 from ._listener import Listener
@@ -41,204 +40,15 @@ from ._sql import WorkerSQL
 from ._steps import StepWriter
 from ._threads import SyncRunners
 from .backoff import DEFAULT_BACKOFF, Backoff
-from .errors import ConfigurationError, LeaseLostError, StepError
+from .context import ClaimedJob, JobContext
 from .jobs import Jobs
-from .kinds import Kind, check_name, describe_errors, load_payload
+from .kinds import Kind, describe_errors, load_payload
 from .model import MAX_ERROR_CHARS
 
 log = logging.getLogger("sqla_jobs.worker")
 
 #: Exit code of a worker forced out by a second signal.
 EXIT_FORCED = 130
-
-
-@dataclass(frozen=True)
-class ClaimedJob:
-    """A job this worker holds a lease on."""
-
-    id: int
-    queue: str
-    kind: str
-    #: The jsonb text as the worker fetches it (decoded only by pydantic), or its decoded value.
-    payload: str | dict[str, Any]
-    priority: int
-    attempts: int
-    max_attempts: int
-    crashes: int
-    max_crashes: int
-    lease_token: uuid.UUID
-    created_at: datetime
-    concurrency_key: str | None
-    steps: str | dict[str, Any] | None
-
-
-_LAZY_LOCK = threading.Lock()
-
-#: Records a durable step: (job id, lease token, step name, JSON text) -> lease still held?
-Recorder = Callable[[int, uuid.UUID, str, str], bool]
-T = TypeVar("T")
-
-
-@dataclass
-class JobContext:
-    """What a handler knows about the job it runs.
-
-    ``attempt`` is 1 on the first run; a value above 1 (or ``crashes`` above 0) means the job ran
-    before, possibly to completion of its side effects: handlers must be idempotent.
-    ``lease_lost`` is set if the worker learns that another worker may now own the job; anything
-    the handler still writes through sqla-jobs is then rejected by the lease fence.
-    """
-
-    job_id: int
-    kind: str
-    queue: str
-    attempt: int
-    crashes: int
-    max_attempts: int
-    created_at: datetime
-    worker: str
-    _lease_lost: threading.Event | None = field(default=None, init=False, repr=False)
-    #: Results of the durable steps recorded by earlier runs of this job, by name (JSON form).
-    steps: dict[str, Any] = field(default_factory=dict)
-    lease_token: uuid.UUID | None = field(default=None, repr=False)
-    recorder: Recorder | None = field(default=None, repr=False)
-
-    @property
-    def lease_lost(self) -> threading.Event:
-        """Set if another worker may own the job now. Created on first use: a ``threading.Event``
-        (a Condition and a lock) per job cost about 2 us, and almost no job ever asks."""
-        event = self._lease_lost
-        if event is None:
-            # The lease thread sets it while the handler may be waiting on it: create it once.
-            with _LAZY_LOCK:
-                if self._lease_lost is None:
-                    self._lease_lost = threading.Event()
-                event = self._lease_lost
-        return event
-
-    @classmethod
-    def for_job(cls, job: ClaimedJob, worker: str, recorder: Recorder | None) -> JobContext:
-        """The context of a job just claimed by ``worker``."""
-        steps = json.loads(job.steps) if isinstance(job.steps, str) else job.steps
-        return cls(
-            job_id=job.id,
-            kind=job.kind,
-            queue=job.queue,
-            attempt=job.attempts,
-            crashes=job.crashes,
-            max_attempts=job.max_attempts,
-            created_at=job.created_at,
-            worker=worker,
-            steps=dict(steps or {}),
-            lease_token=job.lease_token,
-            recorder=recorder,
-        )
-
-    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(*args, **kwargs)`` once for this job and record its JSON-serializable result.
-
-        If an earlier run of the job recorded step ``name``, return that result (in its JSON form:
-        tuples come back as lists) without calling ``fn``. The record is written in its own short
-        transaction, fenced on the lease: :class:`LeaseLostError` if another worker owns the job
-        now. Not exactly-once: if the process dies after ``fn``'s side effect and before the
-        record, ``fn`` runs again on the retry.
-        """
-        if name in self.steps:
-            return typing.cast(T, self.steps[name])
-        result = fn(*args, **kwargs)
-        self._record(name, result)
-        return result
-
-    async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """:meth:`step` for async code: ``fn`` may be a coroutine function; the record is written
-        from a thread so the event loop is not blocked."""
-        if name in self.steps:
-            return self.steps[name]
-        result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        await asyncio.to_thread(self._record, name, result)
-        return result
-
-    def _record(self, name: str, result: Any) -> None:
-        if not isinstance(name, str) or not name:
-            raise StepError(f"step names must be non-empty strings, got {name!r}")
-        try:
-            value = json.dumps(result)
-        except (TypeError, ValueError) as exc:
-            raise StepError(f"result of step {name!r} is not JSON-serializable: {exc}") from None
-        if self.recorder is None or self.lease_token is None:
-            raise StepError("durable steps need a context created by a worker")
-        if not self.recorder(self.job_id, self.lease_token, name, value):
-            self.lease_lost.set()
-            raise LeaseLostError(
-                f"job {self.job_id}: lease lost, step {name!r} was not recorded; another worker "
-                "may own the job now"
-            )
-        self.steps[name] = json.loads(value)
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """Validated worker settings (seconds as floats)."""
-
-    queues: tuple[str, ...]
-    concurrency: int = 4
-    lease: float = 60.0
-    heartbeat: float | None = None
-    poll_interval: float = 1.0
-    shutdown_timeout: float = 30.0
-    listen: bool = True
-    keep_history: bool = False
-    reap_interval: float | None = None
-    batch_size: int | None = None
-    prefetch: int | None = None
-    name: str | None = None
-    prepared_statements: bool = True
-
-    @property
-    def auto_prefetch(self) -> int:
-        """The prefetch used while handlers are short, when ``prefetch`` is not set."""
-        return min(max(4 * self.concurrency, 64), 256)
-
-    @property
-    def heartbeat_seconds(self) -> float:
-        return self.heartbeat if self.heartbeat is not None else self.lease / 3
-
-    @property
-    def reap_seconds(self) -> float:
-        return self.reap_interval if self.reap_interval is not None else min(self.lease / 2, 30.0)
-
-
-def check_config(config: WorkerConfig, jobs: Jobs) -> None:
-    """Refuse settings that cannot work, naming the setting and what to change."""
-    if not config.queues:
-        raise ConfigurationError("no queues to work: register kinds with handlers or pass queues")
-    for q in config.queues:
-        try:
-            check_name("queue", q)
-        except ValueError as exc:
-            raise ConfigurationError(str(exc)) from None
-    if config.concurrency < 1:
-        raise ConfigurationError(f"concurrency must be >= 1, got {config.concurrency}")
-    if config.lease <= 0 or config.poll_interval <= 0 or config.shutdown_timeout < 0:
-        raise ConfigurationError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
-    if config.heartbeat_seconds <= 0 or config.heartbeat_seconds > config.lease / 3:
-        raise ConfigurationError(
-            f"heartbeat ({config.heartbeat_seconds:g}s) must be > 0 and at most a third of the lease "
-            f"({config.lease:g}s), so that two missed beats do not lose the lease"
-        )
-    if config.batch_size is not None and config.batch_size < 1:
-        raise ConfigurationError(f"batch_size must be >= 1, got {config.batch_size}")
-    if config.prefetch is not None and config.prefetch < 0:
-        raise ConfigurationError(f"prefetch must be >= 0, got {config.prefetch}")
-    for kind in jobs:
-        timeout = kind.options.timeout
-        if timeout is not None and kind.options.queue in config.queues and config.lease < timeout:
-            raise ConfigurationError(
-                f"lease ({config.lease:g}s) is shorter than the timeout of kind {kind.name!r} "
-                f"({timeout:g}s): raise the lease (--lease) above the longest timeout"
-            )
 
 
 #: How long a finished job's outcome may wait to be written with others (or with the next claim).

@@ -21,7 +21,7 @@ from sqlalchemy import Engine
 from sqla_jobs import Backoff
 from sqla_jobs._db import libpq_conninfo
 from sqla_jobs._sql import WorkerSQL
-from sqla_jobs.worker import ClaimedJob
+from sqla_jobs.context import ClaimedJob
 
 SQL = WorkerSQL(None)
 LEASE = timedelta(seconds=30)

@@ -1,0 +1,72 @@
+"""Worker settings, and the refusal of settings that cannot work."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigurationError
+from .jobs import Jobs
+from .kinds import check_name
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Validated worker settings (seconds as floats)."""
+
+    queues: tuple[str, ...]
+    concurrency: int = 4
+    lease: float = 60.0
+    heartbeat: float | None = None
+    poll_interval: float = 1.0
+    shutdown_timeout: float = 30.0
+    listen: bool = True
+    keep_history: bool = False
+    reap_interval: float | None = None
+    batch_size: int | None = None
+    prefetch: int | None = None
+    name: str | None = None
+    prepared_statements: bool = True
+
+    @property
+    def auto_prefetch(self) -> int:
+        """The prefetch used while handlers are short, when ``prefetch`` is not set."""
+        return min(max(4 * self.concurrency, 64), 256)
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.heartbeat if self.heartbeat is not None else self.lease / 3
+
+    @property
+    def reap_seconds(self) -> float:
+        return self.reap_interval if self.reap_interval is not None else min(self.lease / 2, 30.0)
+
+
+def check_config(config: WorkerConfig, jobs: Jobs) -> None:
+    """Refuse settings that cannot work, naming the setting and what to change."""
+    if not config.queues:
+        raise ConfigurationError("no queues to work: register kinds with handlers or pass queues")
+    for q in config.queues:
+        try:
+            check_name("queue", q)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
+    if config.concurrency < 1:
+        raise ConfigurationError(f"concurrency must be >= 1, got {config.concurrency}")
+    if config.lease <= 0 or config.poll_interval <= 0 or config.shutdown_timeout < 0:
+        raise ConfigurationError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
+    if config.heartbeat_seconds <= 0 or config.heartbeat_seconds > config.lease / 3:
+        raise ConfigurationError(
+            f"heartbeat ({config.heartbeat_seconds:g}s) must be > 0 and at most a third of the lease "
+            f"({config.lease:g}s), so that two missed beats do not lose the lease"
+        )
+    if config.batch_size is not None and config.batch_size < 1:
+        raise ConfigurationError(f"batch_size must be >= 1, got {config.batch_size}")
+    if config.prefetch is not None and config.prefetch < 0:
+        raise ConfigurationError(f"prefetch must be >= 0, got {config.prefetch}")
+    for kind in jobs:
+        timeout = kind.options.timeout
+        if timeout is not None and kind.options.queue in config.queues and config.lease < timeout:
+            raise ConfigurationError(
+                f"lease ({config.lease:g}s) is shorter than the timeout of kind {kind.name!r} "
+                f"({timeout:g}s): raise the lease (--lease) above the longest timeout"
+            )
