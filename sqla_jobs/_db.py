@@ -16,6 +16,7 @@ import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
@@ -24,6 +25,17 @@ from .errors import ConfigurationError, DatabaseURLError
 
 ENV_VAR = "DATABASE_URL"
 _SCHEMES = {"postgres", "postgresql", "postgresql+psycopg", "postgresql+psycopg_async"}
+
+
+#: TCP keepalives for the worker's long-lived connections: a peer that vanished without a FIN (a
+#: half-open connection) is noticed within about a minute, so a blocked read fails and the worker
+#: reconnects instead of hanging. Ignored on Unix sockets, where the kernel knows.
+KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 30,
+    "keepalives_interval": 10,
+    "keepalives_count": 3,
+}
 
 
 def parse_url(url: str) -> URL:

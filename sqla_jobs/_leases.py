@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import psycopg
 
+from ._db import KEEPALIVES
 from ._sql import WorkerSQL
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -94,6 +95,7 @@ class LeaseKeeper(threading.Thread):
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(
                 self._conninfo,
+                **KEEPALIVES,
                 autocommit=True,
                 connect_timeout=5,
                 application_name=self._application_name,

@@ -15,6 +15,8 @@ from collections.abc import Callable, Collection
 import psycopg
 from psycopg import sql
 
+from ._db import KEEPALIVES
+
 log = logging.getLogger("sqla_jobs.worker")
 
 
@@ -73,6 +75,7 @@ class Listener:
     async def _listen(self) -> None:
         conn = await psycopg.AsyncConnection.connect(
             self._conninfo,
+            **KEEPALIVES,
             autocommit=True,
             connect_timeout=5,
             application_name=self._application_name,

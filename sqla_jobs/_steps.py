@@ -13,6 +13,7 @@ import uuid
 
 import psycopg
 
+from ._db import KEEPALIVES
 from ._leases import CONNECTION_ERRORS
 from ._sql import Compiled
 
@@ -59,6 +60,7 @@ class StepWriter:
         except queue.Empty:
             return psycopg.connect(
                 self._conninfo,
+                **KEEPALIVES,
                 autocommit=True,
                 connect_timeout=10,
                 application_name=self._application_name,

@@ -33,7 +33,7 @@ from psycopg.types.string import TextLoader
 from pydantic import ValidationError
 
 from ._config import WorkerConfig, check_config
-from ._db import libpq_conninfo
+from ._db import KEEPALIVES, libpq_conninfo
 from ._leases import CONNECTION_ERRORS, LeaseKeeper
 from ._listener import Listener
 from ._sql import WorkerSQL
@@ -433,6 +433,7 @@ class Worker:
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
         conn = await psycopg.AsyncConnection.connect(
             self.conninfo,
+            **KEEPALIVES,
             autocommit=True,
             connect_timeout=10,
             application_name=self._app_name("claim"),
