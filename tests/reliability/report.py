@@ -18,6 +18,21 @@ PostgreSQL, in `tests/reliability/`. The default test command runs each scenario
 """
 
 
+#: Scenarios proven by tests outside this suite (they run in the default test command, with
+#: pass/fail as their figure).
+ELSEWHERE = """
+Also injected, by tests in the default test command (their figure is pass or fail):
+
+| scenario | injects | test |
+| --- | --- | --- |
+| SIGTERM drain: in-flight jobs finish, nothing left running, exit 0 | SIGTERM to a worker process with 4 jobs of 2 s in flight | `tests/acceptance/test_worker_process.py::test_sigterm_lets_jobs_in_flight_finish_and_exits_0` |
+| A second signal exits at once with 130; the abandoned lease is reaped later | two SIGTERMs during a 120 s job | `tests/acceptance/test_worker_process.py::test_a_second_sigterm_exits_at_once_with_130` |
+| Lease loss: the stale worker's completion is refused by the lease fence | heartbeats frozen by a test hook (`worker.leases.frozen`), another worker re-claims | `tests/integration/test_worker.py::test_a_worker_that_lost_its_lease_cannot_complete_the_job_another_worker_reclaimed` |
+| SIGKILL mid-job: reaped after the lease, completed by another worker, counted as a crash | SIGKILL of the worker process running the job | `tests/acceptance/test_worker_process.py::test_a_job_whose_worker_is_sigkilled_is_reaped_and_completed_by_another_worker` |
+| Durable steps survive SIGKILL: steps 1-2 not re-run, step 3 runs | the handler SIGKILLs its own process after step two | `tests/acceptance/test_steps_kill.py::test_sigkill_after_step_two_reruns_only_step_three` |
+"""
+
+
 def render(lines: list[dict[str, object]]) -> str:
     out = [HEADER]
     if lines:
@@ -33,6 +48,7 @@ def render(lines: list[dict[str, object]]) -> str:
         assert isinstance(figs, dict)
         shown = ", ".join(f"{k}={v}" for k, v in figs.items())
         out.append(f"| {line['scenario']} | {line['injects']} | {shown} | `{line['command']}` |")
+    out.append(ELSEWHERE)
     return "\n".join(out) + "\n"
 
 
