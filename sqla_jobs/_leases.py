@@ -16,13 +16,12 @@ from datetime import timedelta
 
 import psycopg
 
+from ._connections import CONNECTION_ERRORS, close_quietly, reconnect_delay
 from ._db import KEEPALIVES
 from ._sql import WorkerSQL
 
 log = logging.getLogger("sqla_jobs.worker")
 
-#: Errors that mean "the connection is gone": reconnect, never crash the thread.
-CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
 Snapshot = Callable[[], dict[int, uuid.UUID]]
 OnLost = Callable[[set[int]], None]
@@ -80,7 +79,7 @@ class LeaseKeeper(threading.Thread):
                 wait = self._heartbeat
             except CONNECTION_ERRORS as exc:
                 failures += 1
-                wait = min(0.1 * 2**failures, 5.0)
+                wait = reconnect_delay(failures)
                 log.warning(
                     "lease connection lost, reconnecting in %.1fs: %s",
                     wait,
@@ -104,12 +103,8 @@ class LeaseKeeper(threading.Thread):
         return self._conn
 
     def _close(self) -> None:
-        if self._conn is not None:
-            try:
-                self._conn.close()
-            except Exception:
-                pass
-            self._conn = None
+        conn, self._conn = self._conn, None
+        close_quietly(conn)
 
     def beat(self) -> None:
         """Extend the leases of the jobs running now; report the lost ones."""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Collection
 import psycopg
 from psycopg import sql
 
+from ._connections import aclose_quietly, reconnect_delay
 from ._db import KEEPALIVES
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -63,7 +64,7 @@ class Listener:
                 self.connected.clear()
                 await self._close()
                 self._failures += 1
-                delay = min(0.05 * 2**self._failures, self._max_backoff)
+                delay = reconnect_delay(self._failures, first=0.05, cap=self._max_backoff)
                 log.warning(
                     "LISTEN connection lost, reconnecting in %.2fs (polling meanwhile): %s",
                     delay,
@@ -99,8 +100,4 @@ class Listener:
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                await conn.close()
-            except Exception:
-                pass
+        await aclose_quietly(conn)

@@ -13,8 +13,8 @@ import uuid
 
 import psycopg
 
+from ._connections import CONNECTION_ERRORS
 from ._db import KEEPALIVES
-from ._leases import CONNECTION_ERRORS
 from ._sql import Compiled
 
 

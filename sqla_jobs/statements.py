@@ -146,6 +146,19 @@ def insert_job_and_notify() -> Select[Any]:
     return select(*inserted.c).select_from(inserted.join(wakeup, true()))
 
 
+#: The columns enqueue_many sends as parallel arrays, in unnest order.
+_BULK_COLUMNS = (
+    "queue",
+    "kind",
+    "payload",
+    "priority",
+    "max_attempts",
+    "max_crashes",
+    "concurrency_key",
+    "concurrency_limit",
+)
+
+
 def insert_jobs() -> AnyInsert:
     """Insert many jobs in one statement from parallel arrays (``unnest``); returns their ids.
 
@@ -165,40 +178,12 @@ def insert_jobs() -> AnyInsert:
             bindparam("concurrency_keys", type_=ARRAY(Text)),
             bindparam("concurrency_limits", type_=ARRAY(BigInteger)),
         )
-        .table_valued(
-            "queue",
-            "kind",
-            "payload",
-            "priority",
-            "max_attempts",
-            "max_crashes",
-            "concurrency_key",
-            "concurrency_limit",
-        )
+        .table_valued(*_BULK_COLUMNS)
         .render_derived(name="r")
     )
-    src = select(
-        rows.c.queue,
-        rows.c.kind,
-        cast(rows.c.payload, JSONB),
-        rows.c.priority,
-        rows.c.max_attempts,
-        rows.c.max_crashes,
-        rows.c.concurrency_key,
-        rows.c.concurrency_limit,
-        _run_at(),
-    ).select_from(rows)
-    columns = [
-        "queue",
-        "kind",
-        "payload",
-        "priority",
-        "max_attempts",
-        "max_crashes",
-        "concurrency_key",
-        "concurrency_limit",
-        "run_at",
-    ]
+    values = [cast(rows.c.payload, JSONB) if c == "payload" else rows.c[c] for c in _BULK_COLUMNS]
+    src = select(*values, _run_at()).select_from(rows)
+    columns = [*_BULK_COLUMNS, "run_at"]
     return insert(job).from_select(columns, src).returning(job.c.id)
 
 

@@ -33,8 +33,9 @@ from psycopg.types.string import TextLoader
 from pydantic import ValidationError
 
 from ._config import WorkerConfig, check_config
+from ._connections import CONNECTION_ERRORS, aclose_quietly, reconnect_delay
 from ._db import KEEPALIVES, libpq_conninfo
-from ._leases import CONNECTION_ERRORS, LeaseKeeper
+from ._leases import LeaseKeeper
 from ._listener import Listener
 from ._sql import WorkerSQL
 from ._steps import StepWriter
@@ -307,7 +308,7 @@ class Worker:
                 failures = 0
             except CONNECTION_ERRORS as exc:
                 failures += 1
-                delay = min(0.1 * 2**failures, 5.0)
+                delay = reconnect_delay(failures)
                 log.warning(
                     "database connection lost, reconnecting in %.1fs: %s",
                     delay,
@@ -447,11 +448,7 @@ class Worker:
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            try:
-                await conn.close()
-            except Exception:
-                pass
+        await aclose_quietly(conn)
 
     async def _db(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
         if self._conn is None or self._conn.closed:
