@@ -212,5 +212,12 @@ class Jobs(Registry):
         priority: int | None,
         queue: str | None,
         max_attempts: int | None,
-    ) -> list[_enqueue.Prepared]:
-        return [self._prepare(p, None, priority, queue, max_attempts) for p in payloads]
+    ) -> _enqueue.Batch:
+        return _enqueue.prepare_many(
+            self,
+            payloads,
+            max_bytes=self.max_payload_bytes,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+        )

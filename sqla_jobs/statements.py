@@ -43,9 +43,10 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, UUID
+from sqlalchemy.dialects.postgresql import dialect as _pg_dialect
 from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
-from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.elements import BindParameter, TextClause
 
 from .model import MAX_ERROR_CHARS, Job, JobHistory
 
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     AnyUpdate: TypeAlias = ReturningUpdate[Unpack[tuple[Any, ...]]]
     AnyDelete: TypeAlias = ReturningDelete[Unpack[tuple[Any, ...]]]
 
+_PG = _pg_dialect()  # type: ignore[no-untyped-call]
 job = typing.cast(Table, Job.__table__)
 history = typing.cast(Table, JobHistory.__table__)
 
@@ -109,14 +111,31 @@ def _run_at() -> ColumnElement[object]:
     )
 
 
-def insert_job() -> Insert:
-    """Insert one job; returns the row as a ``Job`` when executed through an ORM ``Session``.
+#: What the database fills in when a job is inserted: an insert returns these, and enqueue builds
+#: the rest of the ``Job`` from what it bound.
+FILLED_COLUMNS = (
+    job.c.id,
+    job.c.state,
+    job.c.run_at,
+    job.c.attempts,
+    job.c.crashes,
+    job.c.created_at,
+)
+
+
+def insert_job() -> AnyInsert:
+    """Insert one job; returns the :data:`FILLED_COLUMNS` (id, state, run_at, attempts, crashes,
+    created_at).
 
     Parameters: queue, kind, payload (JSON text), priority, max_attempts, max_crashes,
     concurrency_key and concurrency_limit (both NULL for an unkeyed job), and either run_at (aware
     datetime) or delay_us (microseconds, added to the database's ``now()``). Locks nothing
     beyond the new row.
     """
+    return _insert_values().returning(*FILLED_COLUMNS)
+
+
+def _insert_values() -> Insert:
     return insert(Job).values(
         queue=bindparam("queue", type_=Text),
         kind=bindparam("kind", type_=Text),
@@ -132,11 +151,11 @@ def insert_job() -> Insert:
 
 def insert_job_and_notify() -> Select[Any]:
     """:func:`insert_job`, plus the wakeup (``pg_notify(channel, queue)``) in the same statement,
-    so the first enqueue of a transaction costs one round trip; returns the inserted row.
+    so the first enqueue of a transaction costs one round trip; returns what :func:`insert_job` does.
 
     The notification is queued with the transaction and delivered only if it commits.
     """
-    inserted = insert_job().returning(*job.c).cte("inserted")
+    inserted = insert_job().cte("inserted")
     # A one-row subquery joined to the insert, so the notify runs exactly once per statement.
     wakeup = select(
         func.pg_notify(bindparam("channel", type_=Text), bindparam("queue_name", type_=Text)).label(
@@ -147,7 +166,7 @@ def insert_job_and_notify() -> Select[Any]:
 
 
 #: The columns enqueue_many sends as parallel arrays, in unnest order.
-_BULK_COLUMNS = (
+BULK_COLUMNS = (
     "queue",
     "kind",
     "payload",
@@ -178,13 +197,64 @@ def insert_jobs() -> AnyInsert:
             bindparam("concurrency_keys", type_=ARRAY(Text)),
             bindparam("concurrency_limits", type_=ARRAY(BigInteger)),
         )
-        .table_valued(*_BULK_COLUMNS)
+        .table_valued(*BULK_COLUMNS)
         .render_derived(name="r")
     )
-    values = [cast(rows.c.payload, JSONB) if c == "payload" else rows.c[c] for c in _BULK_COLUMNS]
+    values = [cast(rows.c.payload, JSONB) if c == "payload" else rows.c[c] for c in BULK_COLUMNS]
     src = select(*values, _run_at()).select_from(rows)
-    columns = [*_BULK_COLUMNS, "run_at"]
+    columns = [*BULK_COLUMNS, "run_at"]
     return insert(job).from_select(columns, src).returning(job.c.id)
+
+
+def reserve_job_ids() -> Select[Any]:
+    """Take ``n`` ids from the job table's identity sequence, and the run_at of a bulk enqueue.
+
+    Returns one row: the ids (a bigint array, in the order the sequence gave them) and
+    ``coalesce(run_at, now() + delay_us)`` as in :func:`insert_job`. Parameters: ``table``, the
+    table's name as ``pg_get_serial_sequence`` takes it (schema-qualified and quoted where needed),
+    ``n``, and run_at or delay_us. The sequence is looked up once (a materialized CTE): looked up per
+    row, the text-to-regclass cast costs more than the ``nextval`` itself. Sequences are not
+    transactional, so a rolled-back enqueue leaves a gap in the ids, as a rolled-back INSERT does.
+    """
+    seq = (
+        select(
+            cast(
+                func.pg_get_serial_sequence(bindparam("table", type_=Text), literal_column("'id'")),
+                REGCLASS,
+            ).label("seq")
+        )
+        .cte("seq")
+        .prefix_with("MATERIALIZED")
+    )
+    n = (
+        func.generate_series(literal_column("1"), bindparam("n", type_=BigInteger))
+        .table_valued("i")
+        .render_derived()
+    )
+    ids = select(func.array_agg(func.nextval(seq.c.seq))).select_from(seq).join(n, true())
+    return select(ids.scalar_subquery().label("ids"), _run_at().label("run_at"))
+
+
+#: The columns enqueue_many writes by COPY, in row order; the rest take their defaults.
+COPY_COLUMNS = ("id", *BULK_COLUMNS, "run_at")
+
+
+def copy_jobs(schema: str | None = None) -> TextClause:
+    """``COPY ... FROM STDIN`` into the job table, of the :data:`COPY_COLUMNS`: enqueue_many's bulk
+    path, the fastest way into a table (one multi-row insert per page instead of one executor row at
+    a time). ``COPY`` has no RETURNING, so the ids come first from :func:`reserve_job_ids`.
+
+    ``schema`` qualifies the table (``schema_translate_map`` does not reach into a text statement).
+    """
+    columns = ", ".join(map(_PG.identifier_preparer.quote, COPY_COLUMNS))
+    return text(f"COPY {job_table_name(schema)} ({columns}) FROM STDIN")
+
+
+def job_table_name(schema: str | None = None) -> str:
+    """The job table's name as SQL text, schema-qualified and quoted where needed: for ``COPY``
+    and for the ``table`` parameter of :func:`reserve_job_ids`."""
+    quote = _PG.identifier_preparer.quote
+    return quote(job.name) if schema is None else f"{quote(schema)}.{quote(job.name)}"
 
 
 def notify() -> Select[tuple[object]]:

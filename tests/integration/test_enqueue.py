@@ -21,7 +21,8 @@ import pytest
 from alembic import command
 from psycopg import sql
 from pydantic import BaseModel
-from sqlalchemy import Connection, Engine, create_engine, event, inspect, text
+from sqlalchemy import Connection, Engine, create_engine, event, inspect, make_url, text
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
@@ -39,6 +40,7 @@ from sqla_jobs import (
     UnknownKindError,
 )
 from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
+from sqla_jobs.enqueue import COPY_THRESHOLD
 from tests.conftest import alembic_config
 
 UTC = timezone.utc
@@ -873,13 +875,14 @@ def test_enqueue_many_accepts_any_iterable(clean: Engine) -> None:
     assert len(ids) == 3
 
 
-def test_enqueue_many_of_100_000_jobs_is_one_insert_statement(clean: Engine) -> None:
+def test_enqueue_many_of_100_000_jobs_reserves_their_ids_in_one_statement_then_copies_them(
+    clean: Engine,
+) -> None:
     count = 100_000
-    inserts: list[str] = []
+    statements: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith("INSERT"):
-            inserts.append(statement)
+        statements.append(" ".join(statement.split()))
 
     payloads = [Ping(n=n) for n in range(count)]
     event.listen(clean, "before_cursor_execute", record)
@@ -889,16 +892,257 @@ def test_enqueue_many_of_100_000_jobs_is_one_insert_statement(clean: Engine) -> 
             session.commit()
     finally:
         event.remove(clean, "before_cursor_execute", record)
-    assert len(inserts) == 1
+    # Through SQLAlchemy: the id reservation and the wakeup; the rows went by COPY.
+    assert len(statements) == 2
+    assert "nextval" in statements[0]
+    assert "pg_notify" in statements[1]
+    assert not any(s.upper().startswith("INSERT") for s in statements)
     assert len(ids) == len(set(ids)) == count
+    assert ids == sorted(ids)
     with clean.connect() as conn:
         stats = conn.execute(
             text(
                 "SELECT count(*), count(DISTINCT payload->>'n'), min((payload->>'n')::int), "
-                "max((payload->>'n')::int), min(id), max(id) FROM sqla_jobs_job"
-            )
+                "max((payload->>'n')::int), min(j.id), max(j.id), "
+                "count(*) FILTER (WHERE x.i = (payload->>'n')::int + 1) FROM sqla_jobs_job j "
+                "JOIN unnest(CAST(:ids AS bigint[])) WITH ORDINALITY AS x(id, i) ON x.id = j.id"
+            ),
+            {"ids": ids},
         ).one()
-    assert tuple(stats) == (count, count, 0, count - 1, min(ids), max(ids))
+    # Every payload sits under the id returned at its position.
+    assert tuple(stats) == (count, count, 0, count - 1, min(ids), max(ids), count)
+
+
+#: What a stored job is made of, beyond its id and timestamps.
+STORED = (
+    "queue",
+    "kind",
+    "payload",
+    "state",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "crashes",
+    "max_crashes",
+    "lease_token",
+    "lease_expires_at",
+    "locked_by",
+    "last_error",
+    "concurrency_key",
+    "concurrency_limit",
+    "steps",
+)
+
+
+def mixed_payloads(count: int) -> list[BaseModel]:
+    """Every kind of JOBS in turn: other queues and priorities, keyed by function and by limit."""
+    makers: list[Callable[[int], BaseModel]] = [
+        lambda n: Ping(n=n),
+        lambda n: SendEmail(to=f"{n}@example.com", subject="tab\there\nnew \\ line"),
+        lambda n: Account(account=f"acct\t{n % 3}"),
+        lambda n: Keyed(c=f"ké\\y{n}"),
+        lambda n: Measure(value=n / 7),
+    ]
+    return [makers[n % len(makers)](n) for n in range(count)]
+
+
+def stored(row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(row[c] for c in STORED)
+
+
+def test_a_batch_sent_by_copy_is_stored_exactly_like_one_sent_by_insert(clean: Engine) -> None:
+    """Just below the COPY threshold enqueue_many sends one INSERT; at it, a COPY. Same payloads,
+    same rows: values with tabs, newlines and backslashes included."""
+    below, at = COPY_THRESHOLD - 1, COPY_THRESHOLD
+    with Session(clean) as session:
+        inserted = JOBS.enqueue_many(session, mixed_payloads(below), delay=30)
+        copied = JOBS.enqueue_many(session, mixed_payloads(at), delay=30)
+        now = session.scalar(text("SELECT now()"))
+        session.commit()
+    rows = committed_rows(clean)
+    assert [r["id"] for r in rows] == inserted + copied
+    assert {(r["run_at"], r["created_at"]) for r in rows} == {(now + timedelta(seconds=30), now)}
+    assert [stored(r) for r in rows[:below]] == [stored(r) for r in rows[below : below + below]]
+    assert (rows[-1]["kind"], rows[-1]["payload"]) == ("keyed", {"c": f"ké\\y{at - 1}"})
+    assert {r["concurrency_key"] for r in rows if r["kind"] == "account_sync"} == {
+        f"acct\t{i}" for i in range(3)
+    }
+
+
+def test_a_copied_batch_takes_an_aware_run_at_as_the_same_instant(clean: Engine) -> None:
+    with Session(clean) as session:
+        JOBS.enqueue_many(session, [Ping(n=n) for n in range(COPY_THRESHOLD)], run_at=AWARE)
+        session.commit()
+    assert {r["run_at"] for r in committed_rows(clean)} == {AWARE}
+
+
+def test_a_rolled_back_savepoint_discards_a_copied_batch(clean: Engine, listener: Listener) -> None:
+    with Session(clean) as session:
+        kept = JOBS.enqueue_many(session, [Ping(n=n) for n in range(COPY_THRESHOLD)])
+        savepoint = session.begin_nested()
+        JOBS.enqueue_many(session, [SendEmail(to=str(n)) for n in range(COPY_THRESHOLD)])
+        savepoint.rollback()
+        session.commit()
+    assert job_ids(clean) == kept
+    assert listener.received() == ["default"]
+
+
+@pytest.fixture
+def refuses_thirteen(clean: Engine) -> Iterator[Engine]:
+    """A CHECK the table does not have: the database refuses a payload of n = 13."""
+    with clean.begin() as conn:
+        conn.execute(
+            text(
+                "ALTER TABLE sqla_jobs_job ADD CONSTRAINT no_thirteen "
+                "CHECK (payload->>'n' IS DISTINCT FROM '13')"
+            )
+        )
+    yield clean
+    with clean.begin() as conn:
+        conn.execute(text("ALTER TABLE sqla_jobs_job DROP CONSTRAINT no_thirteen"))
+
+
+@pytest.mark.parametrize("count", [COPY_THRESHOLD - 1, COPY_THRESHOLD], ids=["insert", "copy"])
+def test_a_batch_the_database_refuses_raises_sqlalchemys_error_and_writes_nothing(
+    refuses_thirteen: Engine, listener: Listener, count: int
+) -> None:
+    with Session(refuses_thirteen) as session:
+        with pytest.raises(sa_exc.IntegrityError, match="no_thirteen"):
+            JOBS.enqueue_many(session, [Ping(n=n) for n in range(count)])
+        session.rollback()
+        kept = JOBS.enqueue_many(session, [Ping(n=n) for n in range(14, 14 + count)])
+        session.commit()
+    assert job_ids(refuses_thirteen) == kept
+    assert listener.received() == ["default"]
+
+
+def test_a_connection_lost_during_the_copy_raises_and_is_not_reused(
+    clean: Engine, migrated_url: str
+) -> None:
+    """The server ends the backend between the id reservation and the COPY: SQLAlchemy's
+    disconnect error, the pooled connection invalidated, and the next session works."""
+    engine = create_engine(sqlalchemy_url(migrated_url))
+
+    def kill_own_backend(conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
+        if "nextval" not in statement:
+            return
+        pid = conn.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
+        with psycopg.connect(libpq_conninfo(migrated_url), autocommit=True) as killer:
+            killer.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+
+    event.listen(engine, "after_cursor_execute", kill_own_backend)
+    try:
+        with Session(engine) as session:
+            with pytest.raises(sa_exc.DBAPIError) as lost:
+                JOBS.enqueue_many(session, [Ping(n=n) for n in range(COPY_THRESHOLD)])
+            assert lost.value.connection_invalidated
+            session.rollback()
+        event.remove(engine, "after_cursor_execute", kill_own_backend)
+        with Session(engine) as session:
+            kept = JOBS.enqueue_many(session, [Ping(n=n) for n in range(COPY_THRESHOLD)])
+            session.commit()
+        assert job_ids(clean) == kept
+    finally:
+        engine.dispose()
+
+
+def test_a_connection_lost_during_an_async_copy_raises_and_is_not_reused(
+    clean: Engine, migrated_url: str
+) -> None:
+    engine = create_async_engine(sqlalchemy_url(migrated_url))
+
+    def kill_own_backend(conn: Connection, cursor: Any, statement: str, *args: Any) -> None:
+        if "nextval" in statement:
+            pid = conn.connection.driver_connection.info.backend_pid  # type: ignore[union-attr]
+            with psycopg.connect(libpq_conninfo(migrated_url), autocommit=True) as killer:
+                killer.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+
+    async def scenario() -> list[int]:
+        event.listen(engine.sync_engine, "after_cursor_execute", kill_own_backend)
+        try:
+            async with AsyncSession(engine) as session:
+                with pytest.raises(sa_exc.DBAPIError) as lost:
+                    await JOBS.enqueue_many_async(
+                        session, [Ping(n=n) for n in range(COPY_THRESHOLD)]
+                    )
+                assert lost.value.connection_invalidated
+                await session.rollback()
+            event.remove(engine.sync_engine, "after_cursor_execute", kill_own_backend)
+            async with AsyncSession(engine) as session:
+                kept = await JOBS.enqueue_many_async(
+                    session, [Ping(n=n) for n in range(COPY_THRESHOLD)]
+                )
+                await session.commit()
+            return kept
+        finally:
+            await engine.dispose()
+
+    kept = asyncio.run(scenario())
+    assert job_ids(clean) == kept
+
+
+def test_a_driver_without_copy_falls_back_to_one_insert(
+    clean: Engine, migrated_url: str, listener: Listener
+) -> None:
+    """psycopg2 (not psycopg 3): the batch goes as one INSERT ... unnest, with the same result."""
+    pytest.importorskip("psycopg2")
+    url = make_url(sqlalchemy_url(migrated_url)).set(drivername="postgresql+psycopg2")
+    engine = create_engine(url, poolclass=NullPool)
+    inserts: list[str] = []
+    event.listen(
+        engine,
+        "before_cursor_execute",
+        lambda conn, cursor, statement, *args: (
+            inserts.append(statement) if "INSERT INTO" in statement else None
+        ),
+    )
+    try:
+        with Session(engine) as session:
+            job = JOBS.enqueue(session, Ping(n=-1), delay=5)
+            ids = JOBS.enqueue_many(session, mixed_payloads(COPY_THRESHOLD))
+            session.commit()
+            assert utc_delta(job.run_at, job.created_at) == timedelta(seconds=5)
+    finally:
+        engine.dispose()
+    assert len(inserts) == 2
+    rows = committed_rows(clean)
+    assert [r["id"] for r in rows] == [job.id, *ids]
+    with Session(clean) as session:
+        reference = JOBS.enqueue_many(session, mixed_payloads(COPY_THRESHOLD))
+        session.commit()
+    copied = committed_rows(clean)[-len(reference) :]
+    assert [stored(r) for r in rows[1:]] == [stored(r) for r in copied]
+    assert listener.received() == ["default", "mail", "default", "mail"]
+
+
+def test_enqueue_many_names_the_position_of_the_bad_payload(clean: Engine) -> None:
+    with Session(clean) as session:
+        with pytest.raises(InvalidPayloadError, match=r"^payload 2: payload for kind 'ping'"):
+            JOBS.enqueue_many(session, [Ping(n=1), SendEmail(to="a"), _ping_construct(n="x")])
+        with pytest.raises(UnknownKindError, match=r"^payload 1: "):
+            JOBS.enqueue_many(session, [Ping(n=1), Unregistered(n=1)])
+        with pytest.raises(InvalidPayloadError, match=r"^payload 0: enqueue_many takes"):
+            JOBS.enqueue_many(session, [{"n": 1}])  # type: ignore[list-item]
+        session.rollback()
+
+
+def test_the_returned_job_is_the_row_as_the_database_stored_it(clean: Engine) -> None:
+    """enqueue builds its Job from what it bound and what the insert returned, without loading
+    the row: every mapped attribute must equal the row read back."""
+    with Session(clean, expire_on_commit=False) as session:
+        made = [
+            JOBS.enqueue(session, Ping(n=1)),
+            JOBS.enqueue(session, SendEmail(to="a"), delay=timedelta(minutes=5), priority=7),
+            JOBS.enqueue(session, Account(account="acme"), run_at=AWARE),
+            JOBS.enqueue(session, "keyed", {"c": "x"}, concurrency_key="k", queue="other"),
+        ]
+        session.commit()
+    columns = [attr.key for attr in inspect(Job).column_attrs]
+    with Session(clean) as session:
+        for job in made:
+            loaded = session.get(Job, job.id)
+            assert loaded is not None
+            assert {c: getattr(job, c) for c in columns} == {c: getattr(loaded, c) for c in columns}
 
 
 # -- AsyncSession ---------------------------------------------------------------------------------
@@ -925,6 +1169,32 @@ def test_enqueue_async_and_enqueue_many_async_commit_makes_jobs_visible(
 
     ids = asyncio.run(scenario())
     assert job_ids(clean) == ids
+    assert Counter(listener.received()) == {"default": 1, "mail": 1}
+
+
+def test_enqueue_many_async_copies_a_large_batch_on_the_async_connection(
+    migrated_url: str, clean: Engine, listener: Listener
+) -> None:
+    async def scenario() -> tuple[list[int], list[int]]:
+        engine = create_async_engine(sqlalchemy_url(migrated_url), poolclass=NullPool)
+        try:
+            async with AsyncSession(engine) as session:
+                copied = await JOBS.enqueue_many_async(
+                    session, mixed_payloads(COPY_THRESHOLD * 3), delay=timedelta(seconds=5)
+                )
+                inserted = await JOBS.enqueue_many_async(session, mixed_payloads(3))
+                await session.commit()
+                return copied, inserted
+        finally:
+            await engine.dispose()
+
+    copied, inserted = asyncio.run(scenario())
+    rows = committed_rows(clean)
+    assert [r["id"] for r in rows] == copied + inserted
+    assert {utc_delta(r["run_at"], r["created_at"]) for r in rows[: len(copied)]} == {
+        timedelta(seconds=5)
+    }
+    assert [stored(r) for r in rows[:3]] == [stored(r) for r in rows[len(copied) :]]
     assert Counter(listener.received()) == {"default": 1, "mail": 1}
 
 
@@ -1003,6 +1273,16 @@ def test_a_schema_jobs_enqueues_into_that_schema_and_notifies_its_channel(
     assert job_ids(clean) == []
     assert alt.received() == ["default"]
     assert default.received() == []
+
+
+def test_a_schema_jobs_copies_a_large_batch_into_that_schema(
+    clean: Engine, alt_schema: str
+) -> None:
+    with Session(clean) as session:
+        ids = ALT.enqueue_many(session, [Ping(n=n) for n in range(COPY_THRESHOLD)])
+        session.commit()
+    assert job_ids(clean, alt_schema) == ids
+    assert job_ids(clean) == []
 
 
 def test_a_schema_jobs_rollback_writes_nothing_in_that_schema(

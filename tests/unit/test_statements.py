@@ -28,6 +28,8 @@ UPDATE = os.environ.get("SQLA_JOBS_UPDATE_SQL") == "1"
 KNOWN = {
     "insert_job",
     "insert_jobs",
+    "reserve_job_ids",
+    "copy_jobs",
     "notify",
     "claim",
     "complete",
