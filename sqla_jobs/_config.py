@@ -28,11 +28,6 @@ class WorkerConfig:
     prepared_statements: bool = True
 
     @property
-    def auto_prefetch(self) -> int:
-        """The prefetch used while handlers are short, when ``prefetch`` is not set."""
-        return min(max(4 * self.concurrency, 64), 256)
-
-    @property
     def heartbeat_seconds(self) -> float:
         return self.heartbeat if self.heartbeat is not None else self.lease / 3
 

@@ -56,8 +56,14 @@ EXIT_FORCED = 130
 _FLUSH_DELAY = 0.05
 #: Handlers faster than this on average get an automatic prefetch (seconds).
 _SHORT_JOB = 0.05
+#: The automatic prefetch holds about this much work per slot (seconds of average run time)...
+_PREFETCH_HORIZON = 0.1
+#: ... and at most this many jobs.
+_PREFETCH_CAP = 256
 #: How long prefetched jobs may wait for a free slot before they go back to the queue.
 _BUFFER_MAX_WAIT = 1.0
+#: A slot yields to the event loop at least once per this many jobs.
+_YIELD_EVERY = 16
 
 
 class HandlerTimeout(Exception):
@@ -71,6 +77,12 @@ class _Finished:
     error: str | None = None
     dead: bool = False
     backoff: Backoff = DEFAULT_BACKOFF
+
+
+def _pg_array(values: list[Any]) -> str:
+    """A list of ints or UUIDs as a Postgres array literal (the statement casts it): for the
+    per-batch completion, where psycopg's array dumper costs a regex search per element."""
+    return "{" + ",".join(map(str, values)) + "}"
 
 
 def _describe(exc: BaseException) -> str:
@@ -89,8 +101,8 @@ class Worker:
     any worker and the job runs again (at-least-once). Up to ``prefetch`` claimed jobs wait
     locally for a free slot, so a busy worker claims and completes in batches, one round trip per
     batch; they are leased like running jobs, given back if they cannot start within a second, and
-    at shutdown. By default the prefetch is automatic: ``4 * concurrency`` (16 to 256) while
-    handlers take under 50 ms on average, none otherwise.
+    at shutdown. By default the prefetch is automatic while handlers take under 50 ms on average
+    (none otherwise): what the slots finish in about 0.1 s at the average run time, at most 256.
     ``listen=False`` is poll-only mode, for
     PgBouncer in transaction pooling; ``prepared_statements=False`` stops psycopg from preparing
     statements server-side on the worker's connections, which PgBouncer before 1.21 (or without
@@ -157,7 +169,14 @@ class Worker:
             prepare_threshold=self._prepare_threshold,
         )
         self._lease = timedelta(seconds=lease)
-        self._active: dict[int, tuple[ClaimedJob, JobContext, asyncio.Task[None]]] = {}
+        #: Running jobs: the job, its context, and the slot task running it.
+        self._active: dict[int, tuple[ClaimedJob, JobContext, asyncio.Task[Any]]] = {}
+        #: The automatic prefetch, resized as the average handler run time moves.
+        self._auto_prefetch = 0
+        #: Slot tasks alive (each runs buffered jobs one at a time; at most ``concurrency``).
+        self._slots = 0
+        self._slot_tasks: set[asyncio.Task[None]] = set()
+        self._slot_turn = 0
         #: Claimed, not started yet: they wait for a free slot (at most ``prefetch`` of them).
         self._buffer: collections.deque[ClaimedJob] = collections.deque()
         #: inspect.iscoroutinefunction per handler, computed once (it costs ~1.5 us per call).
@@ -338,11 +357,20 @@ class Worker:
     def _prefetch(self) -> int:
         if self.config.prefetch is not None:
             return self.config.prefetch
-        # Auto: prefetch only while handlers are short. Long handlers gain nothing from it, and
-        # jobs waiting behind them would only be given back (two more row versions each).
-        if self._avg_runtime is None or self._avg_runtime > _SHORT_JOB:
-            return 0
-        return self.config.auto_prefetch
+        # Auto (see _size_prefetch): only while handlers are short. Long handlers gain nothing
+        # from it, and jobs waiting behind them would only be given back (two more row versions
+        # each).
+        return self._auto_prefetch
+
+    def _size_prefetch(self, avg_runtime: float) -> None:
+        # Auto: hold what the slots finish in about _PREFETCH_HORIZON, up to _PREFETCH_CAP (no-op
+        # jobs get the cap: big claims, few round trips; 10 ms jobs a few per slot), so buffered
+        # jobs start long before _BUFFER_MAX_WAIT would give them back.
+        if avg_runtime > _SHORT_JOB:
+            self._auto_prefetch = 0
+        else:
+            per_slot = _PREFETCH_HORIZON / max(avg_runtime, 1e-6)
+            self._auto_prefetch = min(_PREFETCH_CAP, int(self.config.concurrency * per_slot))
 
     def _claim_limit(self) -> int:
         return self.config.batch_size or (self.config.concurrency + self._prefetch())
@@ -360,17 +388,7 @@ class Worker:
     async def _step(self) -> bool:
         """Write outcomes and/or claim, when worth a round trip; True if it claimed a full batch."""
         room = self._room()
-        # Refill when the local buffer runs low, not for every slot that frees up: claims come
-        # in batches, and a batch's completions ride along with the next claim.
-        # Claim only while a slot is free: a worker whose slots are all busy (with long jobs,
-        # say) must not take jobs it cannot start.
-        want_claim = (
-            not self._drained
-            and room > 0
-            and len(self._active) < self.config.concurrency
-            and len(self._buffer) <= self._prefetch() // 2
-            and (room >= self._claim_limit() // 2 or not self._active)
-        )
+        want_claim = self._want_claim(room)
         stale = bool(self._buffer) and time.monotonic() - self._buffered_at > _BUFFER_MAX_WAIT
         want_flush = bool(self._finished) and (
             want_claim
@@ -397,13 +415,67 @@ class Worker:
             self._drained = claimed < limit and self._wakeups == wakeups
         return want_claim and not self._drained
 
+    def _want_claim(self, room: int) -> bool:
+        # Refill when the local buffer runs low, not for every slot that frees up: claims come
+        # in batches, and a batch's completions ride along with the next claim.
+        # Claim only while a slot is free: a worker whose slots are all busy (with long jobs,
+        # say) must not take jobs it cannot start.
+        return (
+            not self._drained
+            and room > 0
+            and len(self._active) < self.config.concurrency
+            and len(self._buffer) <= self._prefetch() // 2
+            and (room >= self._claim_limit() // 2 or not self._active)
+        )
+
+    def _loop_has_work(self) -> bool:
+        """Whether a job's end gives the fetch loop something to do now: a first outcome to
+        schedule a write for, a full batch of outcomes, an idle worker, or room to claim. Jobs
+        that end otherwise do not wake it (a wakeup per job is measurable at thousands per
+        second); the loop's own timers cover the rest."""
+        finished = len(self._finished)
+        if finished == 1 or not (self._active or self._buffer):
+            return True
+        if self._drained or len(self._buffer) > self._prefetch() // 2:
+            # Cheap exits first: this runs once per job.
+            return finished >= self._claim_limit()
+        return finished >= self._claim_limit() or self._want_claim(self._room())
+
     def _start_buffered(self) -> None:
-        started = False
-        while self._buffer and len(self._active) < self.config.concurrency and not self._stopping:
-            self._start(self._buffer.popleft())
-            started = True
-        if started:
-            self._buffered_at = time.monotonic()
+        """Give the buffered jobs to free slots. A slot is a task that runs buffered jobs one after
+        another until the buffer is empty: one task per slot rather than per job, because creating
+        and scheduling a task costs more than running a short job."""
+        idle = min(self.config.concurrency - self._slots, len(self._buffer))
+        if self._stopping or idle <= 0:
+            return
+        for _ in range(idle):
+            self._slots += 1
+            self._slot_turn += 1
+            task = asyncio.create_task(self._slot(), name=f"sqla-jobs-slot-{self._slot_turn}")
+            # The loop keeps only weak references to tasks.
+            self._slot_tasks.add(task)
+            task.add_done_callback(self._slot_tasks.discard)
+
+    async def _slot(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        wake = self._wake
+        assert wake is not None
+        ran = 0
+        try:
+            while self._buffer and not self._stopping:
+                job = self._buffer.popleft()
+                self._buffered_at = time.monotonic()
+                self._start(job, task)
+                await self._run_job(job, self._active[job.id][1])
+                ran += 1
+                # Handlers that never await would hold the event loop for the whole buffer: yield
+                # when the fetch loop has work (a claim or a write to send), and every few jobs.
+                # Not after every job: each yield is a turn of the event loop (an epoll call).
+                if wake.is_set() or ran % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+        finally:
+            self._slots -= 1
 
     async def _release(self, jobs: list[ClaimedJob]) -> None:
         """Give claimed jobs back: pending again, the claim's attempt undone, not a failure."""
@@ -425,11 +497,17 @@ class Worker:
         )
 
     async def _sleep(self, seconds: float) -> None:
-        assert self._wake is not None
+        """Until woken or ``seconds`` pass: the timer sets the wake event itself (cheaper than
+        ``wait_for``, which wraps the wait in a task; the loop clears the event on each turn)."""
+        wake = self._wake
+        assert wake is not None
+        if wake.is_set():
+            return
+        timer = asyncio.get_running_loop().call_later(seconds, wake.set)
         try:
-            await asyncio.wait_for(self._wake.wait(), seconds)
-        except TimeoutError:
-            pass
+            await wake.wait()
+        finally:
+            timer.cancel()
 
     async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
         conn = await psycopg.AsyncConnection.connect(
@@ -466,36 +544,15 @@ class Worker:
         try:
             # Inside the try: a reconnect that fails must not drop the outcomes it was to write.
             conn = await self._db()
-            async with conn.pipeline():
-                done_cur = None
-                done = [f.job for f in batch if f.error is None]
-                if done:
-                    stmt = (
-                        self._sql.complete_into_history
-                        if self.config.keep_history
-                        else self._sql.complete
+            if batch:
+                async with conn.pipeline():
+                    done, done_cur, fail_curs, claim_cur = await self._send(
+                        conn, batch, first, limit
                     )
-                    done_cur = await conn.execute(
-                        stmt.sql,
-                        stmt.params(ids=[j.id for j in done], tokens=[j.lease_token for j in done]),
-                    )
-                fail_curs = [
-                    (f, await conn.execute(self._sql.fail.sql, self._fail_params(f)))
-                    for f in batch
-                    if f.error is not None
-                ]
-                claim_cur = None
-                if limit:
-                    claim_cur = await conn.execute(
-                        self._sql.claim.sql,
-                        self._sql.claim.params(
-                            queue=first,
-                            limit=limit,
-                            lease=self._lease,
-                            worker=self.name,
-                            crashed_ok=not self._holds_a_crashed_job(),
-                        ),
-                    )
+            else:
+                # Nothing to write (an idle worker woken by a NOTIFY): a lone claim, without the
+                # pipeline's setup and Sync, picks the job up sooner.
+                done, done_cur, fail_curs, claim_cur = await self._send(conn, batch, first, limit)
         except BaseException:
             # Not known to be written: keep them for the next try (the writes are fenced, so
             # writing one twice changes nothing).
@@ -536,6 +593,52 @@ class Worker:
             await self._release(self._give_back)
             self._give_back = []
         return claimed
+
+    async def _send(
+        self,
+        conn: psycopg.AsyncConnection[tuple[object, ...]],
+        batch: list[_Finished],
+        queue: str,
+        limit: int,
+    ) -> tuple[
+        list[ClaimedJob],
+        psycopg.AsyncCursor[tuple[object, ...]] | None,
+        list[tuple[_Finished, psycopg.AsyncCursor[tuple[object, ...]]]],
+        psycopg.AsyncCursor[tuple[object, ...]] | None,
+    ]:
+        """Send the outcomes' writes and the claim; returns the completed jobs and the cursors to
+        read (in a pipeline, nothing is read until it ends)."""
+        done_cur = None
+        done = [f.job for f in batch if f.error is None]
+        if done:
+            stmt = (
+                self._sql.complete_into_history if self.config.keep_history else self._sql.complete
+            )
+            done_cur = await conn.execute(
+                stmt.sql,
+                stmt.params(
+                    ids=_pg_array([j.id for j in done]),
+                    tokens=_pg_array([j.lease_token for j in done]),
+                ),
+            )
+        fail_curs = [
+            (f, await conn.execute(self._sql.fail.sql, self._fail_params(f)))
+            for f in batch
+            if f.error is not None
+        ]
+        claim_cur = None
+        if limit:
+            claim_cur = await conn.execute(
+                self._sql.claim.sql,
+                self._sql.claim.params(
+                    queue=queue,
+                    limit=limit,
+                    lease=self._lease,
+                    worker=self.name,
+                    crashed_ok=not self._holds_a_crashed_job(),
+                ),
+            )
+        return done, done_cur, fail_curs, claim_cur
 
     def _holds_a_crashed_job(self) -> bool:
         return any(job.crashes > 0 for job, _, _ in list(self._active.values())) or any(
@@ -594,12 +697,15 @@ class Worker:
             rows = await cur.fetchall()
         return self._take(rows)
 
-    def _start(self, job: ClaimedJob) -> None:
+    def _start(self, job: ClaimedJob, task: asyncio.Task[Any]) -> None:
         ctx = JobContext.for_job(job, self.name, self._steps)
-        log.debug(
-            "claimed job %s (%s)", job.id, job.kind, extra={"event": "claimed", "job_id": job.id}
-        )
-        task = asyncio.create_task(self._run_job(job, ctx), name=f"sqla-jobs-job-{job.id}")
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug(
+                "claimed job %s (%s)",
+                job.id,
+                job.kind,
+                extra={"event": "claimed", "job_id": job.id},
+            )
         self._active[job.id] = (job, ctx, task)
 
     async def _run_job(self, job: ClaimedJob, ctx: JobContext) -> None:
@@ -637,7 +743,8 @@ class Worker:
         finally:
             runtime = time.monotonic() - started
             avg = self._avg_runtime
-            self._avg_runtime = runtime if avg is None else 0.9 * avg + 0.1 * runtime
+            self._avg_runtime = avg = runtime if avg is None else 0.9 * avg + 0.1 * runtime
+            self._size_prefetch(avg)
             if not cancelled:
                 if not self._finished:
                     self._finished_since = time.monotonic()
@@ -646,7 +753,7 @@ class Worker:
             if job.concurrency_key is not None:
                 # Its key has room again: look for the key's next job without waiting for a poll.
                 self._undrain()
-            if self._wake is not None:
+            if self._wake is not None and (self._stopping or self._loop_has_work()):
                 self._wake.set()
 
     async def _call(self, kind: Kind, args: Any, ctx: JobContext) -> None:
@@ -673,7 +780,7 @@ class Worker:
                 raise HandlerTimeout(f"timed out after {kind.options.timeout:g}s") from None
         else:
             result = await call
-        if inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             await result
 
     async def _flush(self) -> None:

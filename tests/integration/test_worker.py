@@ -544,6 +544,50 @@ def test_a_completion_rejected_by_the_lease_fence_is_not_counted_as_done(
 # -- graceful stop ----------------------------------------------------------------------------------
 
 
+def test_no_more_than_concurrency_handlers_run_at_once_whether_or_not_they_await(
+    clean: Engine, migrated_url: str
+) -> None:
+    """Slots run buffered jobs one after another: half these handlers never await, which must
+    neither let more than ``concurrency`` run at once nor stall the others."""
+    jobs = Jobs()
+    in_flight = peak = 0
+    done: list[int] = []
+
+    @jobs.kind("work", Ping)
+    async def work(args: Ping, ctx: JobContext) -> None:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        if args.n % 2:
+            await asyncio.sleep(0.001)
+        in_flight -= 1
+        done.append(args.n)
+
+    with running(Worker(jobs, migrated_url, concurrency=3, poll_interval=0.2)):
+        enqueue(clean, jobs, [Ping(n=i) for i in range(600)])
+        wait_until(lambda: len(done) == 600 and count(clean) == 0, "all 600 jobs done")
+    assert peak == 3
+    assert sorted(done) == list(range(600))
+
+
+@pytest.mark.parametrize(
+    ("avg_runtime", "prefetch"),
+    [(1e-6, 256), (0.0005, 256), (0.01, 40), (0.05, 8), (0.051, 0), (3.0, 0)],
+)
+def test_the_automatic_prefetch_holds_about_a_tenth_of_a_second_of_work(
+    avg_runtime: float, prefetch: int
+) -> None:
+    jobs = Jobs()
+    jobs.register("work", Ping, lambda args, ctx: None)
+    worker = Worker(jobs, NOWHERE, concurrency=4)
+    assert worker._prefetch() == 0  # nothing measured yet: no prefetch
+    worker._size_prefetch(avg_runtime)
+    assert worker._prefetch() == prefetch
+    fixed = Worker(jobs, NOWHERE, concurrency=4, prefetch=7)
+    fixed._size_prefetch(avg_runtime)
+    assert fixed._prefetch() == 7
+
+
 def test_stop_lets_running_handlers_finish_and_claims_nothing_more(
     clean: Engine, migrated_url: str
 ) -> None:
