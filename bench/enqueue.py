@@ -7,12 +7,14 @@ sides.
 
 from __future__ import annotations
 
+import json
 import time
 
 import psycopg
 from sqlalchemy import literal, select
 from sqlalchemy.orm import Session
 
+from sqla_jobs import statements
 from sqla_jobs._db import libpq_conninfo
 
 from . import baseline
@@ -88,6 +90,26 @@ def bulk_sqla(url: str, n: int) -> float:
         engine.dispose()
 
 
+def bulk_table_floor(url: str, n: int) -> float:
+    """The least any bulk enqueue into sqla-jobs' table can cost: the baseline's COPY loop
+    (``json.dumps`` per row, no validation), into ``sqla_jobs_job`` with the columns
+    ``enqueue_many`` sends (the id from its identity). Its ratio to the baseline's COPY bounds
+    ``enqueue_many``'s: the difference is the table (its claim index, its columns)."""
+    copy_sql = statements.copy_jobs().text.replace("(id, ", "(")
+    with psycopg.connect(libpq_conninfo(url)) as conn:
+        payloads = [payload_dict(i) for i in range(n)]
+        t0 = time.perf_counter()
+        with conn.cursor() as cur:
+            cur.execute("SELECT now()")
+            row = cur.fetchone()
+            assert row is not None
+            with cur.copy(copy_sql) as copy:
+                for p in payloads:
+                    copy.write_row(("default", KIND, json.dumps(p), 0, 10, 3, None, None, row[0]))
+        conn.commit()
+        return n / (time.perf_counter() - t0)
+
+
 def bulk_baseline(url: str, n: int) -> float:
     with psycopg.connect(libpq_conninfo(url)) as conn:
         baseline.copy_jobs(conn, KIND, [payload_dict(-1)])
@@ -103,6 +125,7 @@ def run(ctx: Context) -> Outcome:
         "single": (sizes.enqueue_single, single_sqla, single_baseline),
         "floor": (sizes.enqueue_single, session_floor, single_baseline),
         "bulk": (sizes.enqueue_bulk, bulk_sqla, bulk_baseline),
+        "bulk_floor": (sizes.enqueue_bulk, bulk_table_floor, bulk_baseline),
     }
     results = {name: {"sqla_jobs": Series(), "baseline": Series()} for name in cases}
     for rep in range(ctx.repeat):
@@ -144,6 +167,15 @@ def run(ctx: Context) -> Outcome:
             results["bulk"]["baseline"],
             "COPY",
             Target("ratio_min", 0.5),
+        ),
+        Row(
+            "enqueue",
+            f"COPY floor: raw COPY of {sizes.enqueue_bulk:,} into the sqla-jobs table (bounds the above)",
+            "jobs/s",
+            results["bulk_floor"]["sqla_jobs"],
+            results["bulk_floor"]["baseline"],
+            "COPY",
+            subject_label="raw COPY, sqla-jobs table",
         ),
     ]
     return Outcome(rows)

@@ -15,14 +15,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from .errors import LeaseLostError, StepError
 
 
-@dataclass(frozen=True)
-class ClaimedJob:
-    """A job this worker holds a lease on."""
+class ClaimedJob(NamedTuple):
+    """A job this worker holds a lease on: a claimed row, field for field (a named tuple, because
+    the worker builds one per job and a tuple builds several times faster than a frozen
+    dataclass)."""
 
     id: int
     queue: str

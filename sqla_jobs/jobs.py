@@ -10,6 +10,7 @@ from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
 from . import enqueue as _enqueue
+from . import validate as _validate
 from .errors import ConfigurationError
 from .kinds import H, Handler, Kind, Registry, check_name
 from .model import Job, notify_channel
@@ -121,7 +122,7 @@ class Jobs(Registry):
         transaction stays usable.
         """
         prepared = self._prepare(payload, data, priority, queue, max_attempts, concurrency_key)
-        when, after = _enqueue.schedule(delay, run_at)
+        when, after = _validate.schedule(delay, run_at)
         return _enqueue.enqueue(
             session, prepared, when, after, schema=self.schema, channel=self.channel
         )
@@ -143,7 +144,7 @@ class Jobs(Registry):
         bad payload raises and writes none of them. Payloads may be of different kinds.
         """
         prepared = self._prepare_many(payloads, priority, queue, max_attempts)
-        when, after = _enqueue.schedule(delay, run_at)
+        when, after = _validate.schedule(delay, run_at)
         return _enqueue.enqueue_many(
             session, prepared, when, after, schema=self.schema, channel=self.channel
         )
@@ -163,7 +164,7 @@ class Jobs(Registry):
     ) -> Job:
         """:meth:`enqueue` for an ``AsyncSession``, with the same guarantees."""
         prepared = self._prepare(payload, data, priority, queue, max_attempts, concurrency_key)
-        when, after = _enqueue.schedule(delay, run_at)
+        when, after = _validate.schedule(delay, run_at)
         return await _enqueue.enqueue_async(
             session, prepared, when, after, schema=self.schema, channel=self.channel
         )
@@ -181,7 +182,7 @@ class Jobs(Registry):
     ) -> list[int]:
         """:meth:`enqueue_many` for an ``AsyncSession``, with the same guarantees."""
         prepared = self._prepare_many(payloads, priority, queue, max_attempts)
-        when, after = _enqueue.schedule(delay, run_at)
+        when, after = _validate.schedule(delay, run_at)
         return await _enqueue.enqueue_many_async(
             session, prepared, when, after, schema=self.schema, channel=self.channel
         )
@@ -194,8 +195,8 @@ class Jobs(Registry):
         queue: str | None,
         max_attempts: int | None,
         concurrency_key: str | None = None,
-    ) -> _enqueue.Prepared:
-        return _enqueue.prepare(
+    ) -> _validate.Prepared:
+        return _validate.prepare(
             self,
             payload,
             data,
@@ -212,8 +213,8 @@ class Jobs(Registry):
         priority: int | None,
         queue: str | None,
         max_attempts: int | None,
-    ) -> _enqueue.Batch:
-        return _enqueue.prepare_many(
+    ) -> _validate.Batch:
+        return _validate.prepare_many(
             self,
             payloads,
             max_bytes=self.max_payload_bytes,

@@ -658,7 +658,7 @@ class Worker:
             self._buffered_at = time.monotonic()
         taken = 0
         for row in rows:
-            job = ClaimedJob(*row)
+            job = ClaimedJob._make(row)
             if job.crashes > 0 and self._holds_a_crashed_job():
                 self._give_back.append(job)
             else:

@@ -350,4 +350,4 @@ def test_reaping_leaves_live_leases_alone(conn: Conn) -> None:
 def test_claim_returns_the_columns_in_the_order_the_worker_unpacks_them() -> None:
     returning = SQL.claim.sql.rsplit("RETURNING", 1)[1]
     columns = [c.strip().rsplit(".", 1)[-1] for c in returning.split(",")]
-    assert columns == list(ClaimedJob.__dataclass_fields__)
+    assert columns == list(ClaimedJob._fields)

@@ -1,0 +1,298 @@
+"""Everything enqueue checks before any SQL runs: the payload against its kind's model, the options,
+the schedule. Pure functions, no I/O: an error raised here leaves the caller's transaction untouched
+and usable, and nothing was written.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from . import statements
+from .errors import (
+    EnqueueError,
+    InvalidOptionError,
+    InvalidPayloadError,
+    InvalidQueueNameError,
+    InvalidScheduleError,
+    PayloadTooLargeError,
+)
+from .kinds import Kind, Registry, check_name
+
+_ZERO = timedelta(0)
+#: Longest delay: now() + delay must stay inside timestamptz (year 294276), and the delay is bound as
+#: microseconds that float8 interval arithmetic carries exactly (2**53 us is about 285 years).
+MAX_DELAY = timedelta(days=100 * 365)
+#: A JSON \u0000 escape (odd number of backslashes before u0000): jsonb refuses it.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One validated job, ready to insert."""
+
+    kind: Kind
+    payload_json: str
+    queue: str
+    priority: int
+    max_attempts: int
+    max_crashes: int
+    concurrency_key: str | None
+    concurrency_limit: int | None
+
+
+def serialize(
+    kind: Kind, payload: BaseModel | Mapping[str, Any], max_bytes: int
+) -> tuple[BaseModel, str]:
+    """Validate ``payload`` against ``kind.model``; return the validated model and its JSON text.
+
+    A model instance is serialized and validated back, so what is written is exactly what the worker
+    will accept (an instance built with ``model_construct`` or mutated after validation is caught
+    here, not in the worker).
+    """
+    model = kind.model
+    try:
+        if isinstance(payload, BaseModel):
+            if type(payload) is not model:
+                raise InvalidPayloadError(
+                    f"kind {kind.name!r} takes {model.__qualname__}, got {type(payload).__qualname__}"
+                )
+        else:
+            payload = model.model_validate(payload)
+        # What model_dump_json and model_validate_json call, minus their wrappers: this runs once
+        # per job of an enqueue_many.
+        dumped: bytes = model.__pydantic_serializer__.to_json(payload, warnings="error")
+        # Validate the dump back, whatever the input: the worker validates the dump, and a dump can
+        # differ from what validated (NaN is written as null).
+        instance = model.__pydantic_validator__.validate_json(dumped)
+    except ValidationError as exc:
+        raise InvalidPayloadError(
+            f"payload for kind {kind.name!r} does not validate against {model.__qualname__}: "
+            f"{exc.error_count()} error(s): "
+            + "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in exc.errors()
+            ),
+            errors=[dict(e) for e in exc.errors()],
+        ) from None
+    except PydanticSerializationError as exc:
+        raise InvalidPayloadError(
+            f"payload for kind {kind.name!r} cannot be serialized as {model.__qualname__}: {exc}"
+        ) from None
+    data = dumped.decode()
+    if b"\\u0000" in dumped and _JSON_NUL.search(data):
+        raise InvalidPayloadError(
+            f"payload for kind {kind.name!r} contains a NUL character (\\u0000), which jsonb "
+            "cannot store; drop it or encode the value (e.g. base64)"
+        )
+    size = len(dumped)
+    if size > max_bytes:
+        raise PayloadTooLargeError(
+            f"payload for kind {kind.name!r} is {size} bytes, over the limit of {max_bytes}; "
+            "store large data in your own table and enqueue its id, or raise Jobs(max_payload_bytes=)"
+        )
+    return instance, data
+
+
+def concurrency(kind: Kind, instance: BaseModel, key: str | None) -> tuple[str | None, int | None]:
+    """The job's (concurrency_key, concurrency_limit): the enqueue's ``key``, else the kind's key
+    function applied to the validated payload, else none."""
+    limit = kind.options.concurrency_limit
+    if key is not None:
+        if limit is None:
+            raise InvalidOptionError(
+                f"kind {kind.name!r} has no concurrency_limit; register it with one to pass "
+                "concurrency_key"
+            )
+    elif kind.options.concurrency_key is not None:
+        try:
+            key = kind.options.concurrency_key(instance)
+        except Exception as exc:
+            raise InvalidPayloadError(
+                f"concurrency_key of kind {kind.name!r} failed on this payload: {exc!r}"
+            ) from None
+    else:
+        return None, None
+    if not isinstance(key, str) or not 1 <= len(key) <= 256 or "\x00" in key:
+        raise InvalidOptionError(
+            f"concurrency key for kind {kind.name!r} must be a str of 1-256 characters, got {key!r}"
+        )
+    return key, limit
+
+
+def prepare(
+    registry: Registry,
+    payload: BaseModel | str,
+    data: Mapping[str, Any] | None,
+    *,
+    max_bytes: int,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    concurrency_key: str | None = None,
+) -> Prepared:
+    """Resolve the kind, validate the payload and the options; no I/O."""
+    if isinstance(payload, str):
+        kind = registry.by_name(payload)
+        if data is None:
+            raise InvalidPayloadError(
+                f"kind {payload!r} given by name needs its payload as a mapping"
+            )
+        body: BaseModel | Mapping[str, Any] = data
+    elif isinstance(payload, BaseModel):
+        kind = registry.by_model(type(payload))
+        if data is not None:
+            raise InvalidPayloadError(
+                "give either a payload model instance, or a kind name and a mapping"
+            )
+        body = payload
+    else:
+        raise InvalidPayloadError(
+            f"expected a registered pydantic model instance or a kind name, got {type(payload).__qualname__}"
+        )
+    q, p, m = _options(kind, queue, priority, max_attempts)
+    instance, payload_json = serialize(kind, body, max_bytes)
+    key, limit = concurrency(kind, instance, concurrency_key)
+    return Prepared(
+        kind=kind,
+        payload_json=payload_json,
+        queue=q,
+        priority=p,
+        max_attempts=m,
+        max_crashes=kind.options.max_crashes,
+        concurrency_key=key,
+        concurrency_limit=limit,
+    )
+
+
+def _options(
+    kind: Kind, queue: str | None, priority: int | None, max_attempts: int | None
+) -> tuple[str, int, int]:
+    """The job's (queue, priority, max_attempts): each override if given (checked), else the
+    kind's."""
+    opts = kind.options
+    if queue is not None:
+        try:
+            check_name("queue", queue)
+        except ValueError as exc:
+            raise InvalidQueueNameError(str(exc)) from None
+    q = opts.queue if queue is None else queue
+    p = opts.priority if priority is None else priority
+    if isinstance(p, bool) or not isinstance(p, int) or not -32768 <= p <= 32767:
+        raise InvalidOptionError(f"priority must be an int in [-32768, 32767], got {p!r}")
+    m = opts.max_attempts if max_attempts is None else max_attempts
+    if isinstance(m, bool) or not isinstance(m, int) or not 1 <= m <= 2**31 - 1:
+        raise InvalidOptionError(f"max_attempts must be an int >= 1, got {m!r}")
+    return q, p, m
+
+
+@dataclass
+class Batch:
+    """Validated jobs as parallel columns, in payload order: what ``enqueue_many`` writes. One
+    list per :data:`statements.BULK_COLUMNS` entry, under the same name."""
+
+    queue: list[str] = field(default_factory=list)
+    kind: list[str] = field(default_factory=list)
+    payload: list[str] = field(default_factory=list)
+    priority: list[int] = field(default_factory=list)
+    max_attempts: list[int] = field(default_factory=list)
+    max_crashes: list[int] = field(default_factory=list)
+    concurrency_key: list[str | None] = field(default_factory=list)
+    concurrency_limit: list[int | None] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def columns(self) -> list[list[Any]]:
+        """The lists in :data:`statements.BULK_COLUMNS` order."""
+        return [getattr(self, name) for name in statements.BULK_COLUMNS]
+
+
+def prepare_many(
+    registry: Registry,
+    payloads: Iterable[BaseModel],
+    *,
+    max_bytes: int,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+) -> Batch:
+    """:func:`prepare` for every payload, into one :class:`Batch`; no I/O. The first bad payload
+    or option raises, naming the payload's position."""
+    batch = Batch()
+    # Per payload type: its kind and resolved options, looked up and checked once.
+    resolved: dict[type[Any], tuple[Kind, str, int, int]] = {}
+    for index, payload in enumerate(payloads):
+        try:
+            entry = resolved.get(type(payload))
+            if entry is None:
+                if not isinstance(payload, BaseModel):
+                    raise InvalidPayloadError(
+                        "enqueue_many takes instances of registered pydantic models, got "
+                        f"{type(payload).__qualname__}"
+                    )
+                kind = registry.by_model(type(payload))
+                entry = (kind, *_options(kind, queue, priority, max_attempts))
+                resolved[type(payload)] = entry
+            kind, q, p, m = entry
+            instance, payload_json = serialize(kind, payload, max_bytes)
+            key, limit = concurrency(kind, instance, None)
+        except EnqueueError as exc:
+            exc.args = (f"payload {index}: {exc.args[0]}", *exc.args[1:])
+            raise
+        batch.queue.append(q)
+        batch.kind.append(kind.name)
+        batch.payload.append(payload_json)
+        batch.priority.append(p)
+        batch.max_attempts.append(m)
+        batch.max_crashes.append(kind.options.max_crashes)
+        batch.concurrency_key.append(key)
+        batch.concurrency_limit.append(limit)
+    return batch
+
+
+def schedule(
+    delay: timedelta | float | None, run_at: datetime | None
+) -> tuple[datetime | None, timedelta]:
+    """Check ``delay``/``run_at`` and return the (run_at, delay) pair the insert binds.
+
+    The delay is added to the database's ``now()``; Python's clock is never read.
+    """
+    if delay is not None and run_at is not None:
+        raise InvalidScheduleError("give delay or run_at, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise InvalidScheduleError(
+                f"run_at must be a datetime, got {type(run_at).__qualname__}"
+            )
+        if run_at.tzinfo is None or run_at.tzinfo.utcoffset(run_at) is None:
+            raise InvalidScheduleError(
+                "run_at is a naive datetime; pass an aware one (e.g. datetime.now(timezone.utc)) "
+                "or use delay=, which the database adds to its own clock"
+            )
+        return run_at, _ZERO
+    if delay is None:
+        return None, _ZERO
+    if isinstance(delay, bool) or not isinstance(delay, (timedelta, int, float)):
+        raise InvalidScheduleError(
+            f"delay must be a timedelta or seconds, got {type(delay).__qualname__}"
+        )
+    if not isinstance(delay, timedelta):
+        if not math.isfinite(delay):
+            raise InvalidScheduleError(f"delay must be finite, got {delay!r}")
+        if delay > MAX_DELAY.total_seconds():
+            raise InvalidScheduleError(f"delay must be at most {MAX_DELAY}, got {delay!r} s")
+        delay = timedelta(seconds=delay)
+    if delay < _ZERO:
+        raise InvalidScheduleError(f"delay must not be negative, got {delay}")
+    if delay > MAX_DELAY:
+        raise InvalidScheduleError(
+            f"delay must be at most {MAX_DELAY}, got {delay}; use run_at= for a far date"
+        )
+    return None, delay
