@@ -7,6 +7,7 @@ statements come from :mod:`sqla_jobs.statements`.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -54,21 +55,9 @@ def _one_params(job: Prepared, run_at: datetime | None, delay: timedelta) -> dic
 
 
 def _many_params(batch: Batch, run_at: datetime | None, delay: timedelta) -> dict[str, Any]:
-    arrays = dict(zip(_ARRAY_PARAMS, batch.columns(), strict=True))
+    names = (name for name, _ in statements.BULK_ARRAY_PARAMS)
+    arrays = dict(zip(names, batch.columns(), strict=True))
     return {**arrays, "run_at": run_at, "delay_us": delay // _ONE_US}
-
-
-#: insert_jobs()'s array parameter names, in statements.BULK_COLUMNS order.
-_ARRAY_PARAMS = (
-    "queues",
-    "kinds",
-    "payloads",
-    "priorities",
-    "max_attempts",
-    "max_crashes",
-    "concurrency_keys",
-    "concurrency_limits",
-)
 
 
 def _exec_options(schema: str | None) -> dict[str, Any]:
@@ -180,14 +169,9 @@ def _copy_rows(batch: Batch, ids: list[int], run_at: object) -> Iterable[tuple[A
     return zip(ids, *batch.columns(), repeat(run_at), strict=False)
 
 
+@functools.cache
 def _copy_sql(schema: str | None) -> str:
-    sql = _COPY_SQL.get(schema)
-    if sql is None:
-        sql = _COPY_SQL[schema] = statements.copy_jobs(schema).text
-    return sql
-
-
-_COPY_SQL: dict[str | None, str] = {}
+    return statements.copy_jobs(schema).text
 
 
 def enqueue(

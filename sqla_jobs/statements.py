@@ -176,6 +176,17 @@ BULK_COLUMNS = (
     "concurrency_key",
     "concurrency_limit",
 )
+#: insert_jobs()'s array parameters, one per BULK_COLUMNS entry in the same order, with their types.
+BULK_ARRAY_PARAMS = (
+    ("queues", Text),
+    ("kinds", Text),
+    ("payloads", Text),
+    ("priorities", BigInteger),
+    ("max_attempts", BigInteger),
+    ("max_crashes", BigInteger),
+    ("concurrency_keys", Text),
+    ("concurrency_limits", BigInteger),
+)
 
 
 def insert_jobs() -> AnyInsert:
@@ -187,16 +198,7 @@ def insert_jobs() -> AnyInsert:
     limit, because each column is one array.
     """
     rows = (
-        func.unnest(
-            bindparam("queues", type_=ARRAY(Text)),
-            bindparam("kinds", type_=ARRAY(Text)),
-            bindparam("payloads", type_=ARRAY(Text)),
-            bindparam("priorities", type_=ARRAY(BigInteger)),
-            bindparam("max_attempts", type_=ARRAY(BigInteger)),
-            bindparam("max_crashes", type_=ARRAY(BigInteger)),
-            bindparam("concurrency_keys", type_=ARRAY(Text)),
-            bindparam("concurrency_limits", type_=ARRAY(BigInteger)),
-        )
+        func.unnest(*(bindparam(name, type_=ARRAY(type_)) for name, type_ in BULK_ARRAY_PARAMS))
         .table_valued(*BULK_COLUMNS)
         .render_derived(name="r")
     )

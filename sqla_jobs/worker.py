@@ -173,8 +173,8 @@ class Worker:
         self._active: dict[int, tuple[ClaimedJob, JobContext, asyncio.Task[Any]]] = {}
         #: The automatic prefetch, resized as the average handler run time moves.
         self._auto_prefetch = 0
-        #: Slot tasks alive (each runs buffered jobs one at a time; at most ``concurrency``).
-        self._slots = 0
+        #: Slot tasks alive (each runs buffered jobs one at a time; at most ``concurrency``). The
+        #: set also holds the only strong references to them: the loop keeps weak ones.
         self._slot_tasks: set[asyncio.Task[None]] = set()
         self._slot_turn = 0
         #: Claimed, not started yet: they wait for a free slot (at most ``prefetch`` of them).
@@ -436,25 +436,19 @@ class Worker:
         finished = len(self._finished)
         if finished == 1 or not (self._active or self._buffer):
             return True
-        if self._drained or len(self._buffer) > self._prefetch() // 2:
-            # Cheap exits first: this runs once per job.
-            return finished >= self._claim_limit()
         return finished >= self._claim_limit() or self._want_claim(self._room())
 
     def _start_buffered(self) -> None:
         """Give the buffered jobs to free slots. A slot is a task that runs buffered jobs one after
         another until the buffer is empty: one task per slot rather than per job, because creating
         and scheduling a task costs more than running a short job."""
-        idle = min(self.config.concurrency - self._slots, len(self._buffer))
+        idle = min(self.config.concurrency - len(self._slot_tasks), len(self._buffer))
         if self._stopping or idle <= 0:
             return
         for _ in range(idle):
-            self._slots += 1
             self._slot_turn += 1
             task = asyncio.create_task(self._slot(), name=f"sqla-jobs-slot-{self._slot_turn}")
-            # The loop keeps only weak references to tasks.
             self._slot_tasks.add(task)
-            task.add_done_callback(self._slot_tasks.discard)
 
     async def _slot(self) -> None:
         task = asyncio.current_task()
@@ -475,7 +469,7 @@ class Worker:
                 if wake.is_set() or ran % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
         finally:
-            self._slots -= 1
+            self._slot_tasks.discard(task)
 
     async def _release(self, jobs: list[ClaimedJob]) -> None:
         """Give claimed jobs back: pending again, the claim's attempt undone, not a failure."""
