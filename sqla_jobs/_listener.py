@@ -1,103 +1,182 @@
-"""The dedicated LISTEN connection: wakes the worker's fetch loop when a job is enqueued.
+"""The dedicated LISTEN connection, in its own thread: wakes the worker when a job is enqueued.
 
 LISTEN is session state, so it never lives on a pooled connection. NOTIFY is fire-and-forget: a
 notification sent while the listener is disconnected is gone, which is why polling stays the floor
-and why every (re)connect wakes the loop once. A half-open connection (the server vanished without
-a FIN) is detected by a liveness query with a deadline after each quiet period.
+and why every (re)connect reports a wakeup. A half-open connection (the server vanished without a
+FIN) is detected by a liveness query after each quiet period, which the kernel fails within
+``check_timeout`` (``tcp_user_timeout``) if the server never acknowledges it.
+
+The thread blocks on the socket itself, so a notification is acted on the moment it arrives,
+without waiting for a turn of the worker's event loop: ``on_notify`` runs in this thread and may
+use the connection (the worker claims on it when it is idle, the shortest path from a COMMIT to a
+running handler).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import os
+import select
+import threading
+import time
 from collections.abc import Callable, Collection
 
 import psycopg
 from psycopg import sql
+from psycopg.types.string import TextLoader
 
-from ._connections import aclose_quietly, reconnect_delay
+from ._connections import close_quietly, reconnect_delay
 from ._db import KEEPALIVES
 
 log = logging.getLogger("sqla_jobs.worker")
 
+Connection = psycopg.Connection[tuple[object, ...]]
+#: Called in the listener's thread with the connection and the notified queues (in the order
+#: they arrived); with no queues after every (re)connect, when anything may have been missed.
+OnNotify = Callable[[Connection, list[str]], None]
 
-class Listener:
-    """Listen on ``channel``; call ``wake()`` for notifications naming one of ``queues`` and after
-    every (re)connect. Reconnects with capped exponential backoff."""
+
+class Listener(threading.Thread):
+    """Listen on ``channel``; call ``on_notify`` for notifications naming one of ``queues`` and after
+    every (re)connect. Reconnects with capped exponential backoff until :meth:`stop`."""
 
     def __init__(
         self,
         conninfo: str,
         channel: str,
         queues: Collection[str],
-        wake: Callable[[], None],
+        on_notify: OnNotify,
         *,
         application_name: str = "sqla-jobs listen",
+        prepare_threshold: int | None = 5,
         check_interval: float = 5.0,
         check_timeout: float = 5.0,
         max_backoff: float = 5.0,
     ) -> None:
+        super().__init__(name=f"sqla-jobs-{application_name}", daemon=True)
         self._conninfo = conninfo
         self._application_name = application_name
+        self._prepare_threshold = prepare_threshold
         self._channel = channel
         self._queues = frozenset(queues)
-        self._wake = wake
+        self._on_notify = on_notify
         self._check_interval = check_interval
         self._check_timeout = check_timeout
         self._max_backoff = max_backoff
-        self.connected = asyncio.Event()
+        self.connected = threading.Event()
         #: How many times the connection was (re)established; tests watch it.
         self.connects = 0
         #: Failed attempts since the last successful connect: the backoff exponent.
         self._failures = 0
-        self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+        self._conn: Connection | None = None
+        #: Notified queues not acted on yet, in arrival order: psycopg hands us the notifications
+        #: it reads, while we wait and while on_notify's statements run.
+        self._notes: list[str] = []
+        self._stopping = threading.Event()
+        # stop() writes a byte to this pipe: the thread's select() returns at once. Created and
+        # closed by the thread, under the lock, so stop() never writes to a closed descriptor.
+        self._pipe_lock = threading.Lock()
+        self._stop_r = self._stop_w = -1
 
-    async def run(self) -> None:
-        """Listen until cancelled."""
-        while True:
-            try:
-                await self._listen()
-            except asyncio.CancelledError:
-                await self._close()
-                raise
-            except (psycopg.Error, OSError, TimeoutError) as exc:
-                self.connected.clear()
-                await self._close()
-                self._failures += 1
-                delay = reconnect_delay(self._failures, first=0.05, cap=self._max_backoff)
-                log.warning(
-                    "LISTEN connection lost, reconnecting in %.2fs (polling meanwhile): %s",
-                    delay,
-                    exc,
-                    extra={"event": "listener_lost"},
-                )
-                await asyncio.sleep(delay)
+    def stop(self) -> None:
+        """Ask the thread to close its connection and exit (at once, unless ``on_notify`` runs)."""
+        with self._pipe_lock:
+            self._stopping.set()
+            if self._stop_w >= 0:
+                os.write(self._stop_w, b"x")
 
-    async def _listen(self) -> None:
-        conn = await psycopg.AsyncConnection.connect(
+    def run(self) -> None:
+        with self._pipe_lock:
+            if self._stopping.is_set():
+                return
+            self._stop_r, self._stop_w = os.pipe()
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._listen()
+                except (psycopg.Error, OSError) as exc:
+                    self.connected.clear()
+                    self._close()
+                    if self._stopping.is_set():
+                        break
+                    self._failures += 1
+                    delay = reconnect_delay(self._failures, first=0.05, cap=self._max_backoff)
+                    log.warning(
+                        "LISTEN connection lost, reconnecting in %.2fs (polling meanwhile): %s",
+                        delay,
+                        exc,
+                        extra={"event": "listener_lost"},
+                    )
+                    self._wait(delay)
+        finally:
+            self._close()
+            with self._pipe_lock:
+                os.close(self._stop_r)
+                os.close(self._stop_w)
+                self._stop_r = self._stop_w = -1
+
+    def _wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` unless stopped; True if stopped."""
+        ready, _, _ = select.select([self._stop_r], [], [], seconds)
+        return bool(ready)
+
+    def _connect(self) -> Connection:
+        conn = psycopg.connect(
             self._conninfo,
             **KEEPALIVES,
             autocommit=True,
             connect_timeout=5,
+            # A statement the server never acknowledges (a half-open connection) fails after this.
+            tcp_user_timeout=int(self._check_timeout * 1000),
             application_name=self._application_name,
+            prepare_threshold=self._prepare_threshold,
         )
-        self._conn = conn
-        await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        # As on the claim connection: payloads are decoded by pydantic, not by the driver.
+        conn.adapters.register_loader("jsonb", TextLoader)
+        conn.add_notify_handler(self._note)
+        return conn
+
+    def _note(self, note: psycopg.Notify) -> None:
+        if note.payload in self._queues:
+            self._notes.append(note.payload)
+
+    def _listen(self) -> None:
+        conn = self._conn = self._connect()
+        conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
         self.connects += 1
         # Connected again: the next loss starts the backoff over, however many came before.
         self._failures = 0
         self.connected.set()
-        # Anything enqueued while we were away was announced to nobody: look once.
-        self._wake()
         if self.connects > 1:
             log.info("LISTEN connection re-established", extra={"event": "listener_back"})
-        while True:
-            async for note in conn.notifies(timeout=self._check_interval):
-                if note.payload in self._queues:
-                    self._wake()
-            # A quiet period: prove the connection is alive, with a deadline.
-            await asyncio.wait_for(conn.execute("SELECT 1"), self._check_timeout)
+        # Anything enqueued while we were away was announced to nobody: look once.
+        self._on_notify(conn, [])
+        self._notes.clear()
+        quiet_since = time.monotonic()
+        pgconn = conn.pgconn
+        while not self._stopping.is_set():
+            if self._notes:
+                queues = list(dict.fromkeys(self._notes))
+                self._notes.clear()
+                self._on_notify(conn, queues)
+                quiet_since = time.monotonic()
+                continue
+            left = quiet_since + self._check_interval - time.monotonic()
+            if left <= 0:
+                # A quiet period: prove the connection is alive (see tcp_user_timeout).
+                conn.execute("SELECT 1")
+                quiet_since = time.monotonic()
+                continue
+            ready, _, _ = select.select([pgconn.socket, self._stop_r], [], [], left)
+            if pgconn.socket in ready:
+                # Straight from libpq: no query runs on this connection now, and its notification
+                # handler (_note) is what psycopg would call for them.
+                pgconn.consume_input()
+                while (raw := pgconn.notifies()) is not None:
+                    if pgconn.notify_handler is not None:
+                        pgconn.notify_handler(raw)
+                quiet_since = time.monotonic()
 
-    async def _close(self) -> None:
+    def _close(self) -> None:
         conn, self._conn = self._conn, None
-        await aclose_quietly(conn)
+        close_quietly(conn)

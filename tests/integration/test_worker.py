@@ -206,16 +206,18 @@ def make_due(engine: Engine, job_id: int) -> None:
     execute(engine, "UPDATE sqla_jobs_job SET run_at = now() WHERE id = :id", id=job_id)
 
 
-def backend_pids(engine: Engine, query_like: str) -> list[int]:
-    """Backends of this database (other than ours) whose current or last query matches."""
+def backend_pids(engine: Engine, query_like: str = "%", role: str = "%") -> list[int]:
+    """Backends of this database (other than ours) whose current or last query matches, of the
+    worker connections with ``role`` (claim, listen, leases, steps: their application_name)."""
     with engine.connect() as conn:
         return list(
             conn.execute(
                 text(
                     "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND pid <> pg_backend_pid() AND query ILIKE :like"
+                    "AND pid <> pg_backend_pid() AND query ILIKE :like "
+                    "AND application_name LIKE 'sqla-jobs ' || :role || ' %'"
                 ),
-                {"like": query_like},
+                {"like": query_like, "role": role},
             ).scalars()
         )
 
@@ -664,9 +666,7 @@ def test_a_handler_still_running_at_the_shutdown_timeout_is_released_not_failed(
 
 
 def _listener_pid(engine: Engine) -> int:
-    # The listener's last statement is its LISTEN, or the liveness check after a quiet period; the
-    # worker's other connections never run either.
-    pids = backend_pids(engine, "LISTEN %") + backend_pids(engine, "SELECT 1")
+    pids = backend_pids(engine, role="listen")
     assert len(pids) == 1, f"expected one LISTEN connection, found {pids}"
     return pids[0]
 
@@ -774,6 +774,7 @@ def test_poll_only_worker_runs_jobs_without_a_listen_connection(
         ids = enqueue(clean, jobs, [Ping(n=i) for i in range(10)])
         wait_until(lambda: count(clean) == 0, "all jobs completed")
         assert backend_pids(clean, "LISTEN %") == []
+        assert backend_pids(clean, role="listen") == []
     assert worker.listener is None
     assert sorted(r.job_id for r in runs.all) == sorted(ids)
 
@@ -782,13 +783,48 @@ def test_poll_only_worker_runs_jobs_without_a_listen_connection(
 GATE_LOCK = 4242
 
 
-def gate_waiters(engine: Engine) -> int:
-    """Backends waiting for the test's gate lock."""
-    return count(
+def gate_waiters(engine: Engine) -> list[str]:
+    """The worker connections (their role: claim, listen, ...) waiting for the test's gate lock."""
+    with engine.connect() as conn:
+        names = conn.execute(
+            text(
+                "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                f"WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objid = {GATE_LOCK} "
+                "AND l.objsubid = 1"
+            )
+        ).scalars()
+        return [name.split()[1] for name in names]
+
+
+@contextlib.contextmanager
+def gated_claims(engine: Engine, kind: str) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    """A test-only trigger holds every claim of a ``kind`` job mid-statement, on an advisory lock
+    that the yielded connection holds until it unlocks it (or closes)."""
+    execute(
         engine,
-        f"locktype = 'advisory' AND NOT granted AND objid = {GATE_LOCK} AND objsubid = 1",
-        table="pg_locks",
+        f"""
+        CREATE OR REPLACE FUNCTION sqla_jobs_test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN PERFORM pg_advisory_xact_lock({GATE_LOCK}); RETURN NEW; END $$
+        """,
     )
+    execute(
+        engine,
+        "CREATE TRIGGER sqla_jobs_test_gate BEFORE UPDATE ON sqla_jobs_job FOR EACH ROW "
+        f"WHEN (OLD.kind = '{kind}' AND NEW.state = 'running') "
+        "EXECUTE FUNCTION sqla_jobs_test_gate()",
+    )
+    url = engine.url.render_as_string(hide_password=False)
+    try:
+        with psycopg.connect(libpq_conninfo(url), autocommit=True) as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (GATE_LOCK,))
+            yield holder
+    finally:
+        execute(engine, "DROP TRIGGER IF EXISTS sqla_jobs_test_gate ON sqla_jobs_job")
+        execute(engine, "DROP FUNCTION IF EXISTS sqla_jobs_test_gate()")
+
+
+def open_gate(holder: psycopg.Connection[tuple[object, ...]]) -> None:
+    holder.execute("SELECT pg_advisory_unlock(%s)", (GATE_LOCK,))
 
 
 class WakeWatcher(Worker):
@@ -817,28 +853,15 @@ def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
     async def ping(args: Pong, ctx: JobContext) -> None:
         runs.record(args, ctx)
 
-    # A test-only trigger holds the claim of the 'gate' job mid-statement, on an advisory lock the
-    # test owns, so that a NOTIFY is delivered while that claim is in flight.
-    execute(
-        clean,
-        f"""
-        CREATE OR REPLACE FUNCTION sqla_jobs_test_gate() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN PERFORM pg_advisory_xact_lock({GATE_LOCK}); RETURN NEW; END $$
-        """,
-    )
-    execute(
-        clean,
-        "CREATE TRIGGER sqla_jobs_test_gate BEFORE UPDATE ON sqla_jobs_job FOR EACH ROW "
-        "WHEN (OLD.kind = 'gate' AND NEW.state = 'running') EXECUTE FUNCTION sqla_jobs_test_gate()",
-    )
-    try:
+    # The claim of the 'gate' job is held mid-statement, so that a NOTIFY is delivered while that
+    # claim is in flight.
+    with gated_claims(clean, "gate") as holder:
         gate_id = insert_raw(clean, "gate", "{}")
         worker = WakeWatcher(jobs, migrated_url, listen=True, poll_interval=30.0)
-        holder = psycopg.connect(libpq_conninfo(migrated_url), autocommit=True)
-        holder.execute("SELECT pg_advisory_lock(%s)", (GATE_LOCK,))
-        with running(worker), holder:
+        with running(worker):
             wait_until(
-                lambda: gate_waiters(clean) == 1, "the gate job's claim waits in the trigger"
+                lambda: gate_waiters(clean) == ["claim"],
+                "the gate job's claim waits in the trigger",
             )
             listener = worker.listener
             assert listener is not None
@@ -846,16 +869,97 @@ def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
             worker.woken.clear()
             (ping_id,) = enqueue(clean, jobs, [Pong()])
             assert worker.woken.wait(DEADLINE), "the NOTIFY did not reach the worker"
-            holder.execute("SELECT pg_advisory_unlock(%s)", (GATE_LOCK,))
+            open_gate(holder)
             runs.wait_for(lambda rs: any(r.job_id == gate_id for r in rs), "the gate job ran")
             runs.wait_for(
                 lambda rs: any(r.job_id == ping_id for r in rs),
                 "the job announced during the claim ran without waiting for the 30 s poll",
                 timeout=3.0,
             )
-    finally:
-        execute(clean, "DROP TRIGGER IF EXISTS sqla_jobs_test_gate ON sqla_jobs_job")
-        execute(clean, "DROP FUNCTION IF EXISTS sqla_jobs_test_gate()")
+
+
+def _idle_listening_worker(jobs: Jobs, url: str, runs: Runs) -> Worker:
+    """A worker that only a NOTIFY can wake in time (30 s poll), for a ``gate`` and a ``ping``
+    kind that record their runs."""
+
+    @jobs.kind("gate", Ping)
+    async def gate(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    @jobs.kind("ping", Pong)
+    async def ping(args: Pong, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+
+    return Worker(jobs, url, listen=True, poll_interval=30.0)
+
+
+def _parked(worker: Worker) -> Callable[[], bool]:
+    # The fetch loop sleeps with nothing held: a NOTIFY now is claimed by the listener's thread.
+    return lambda: worker._parked is not None
+
+
+def test_an_idle_worker_claims_on_its_listen_connection_when_notified(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs, runs = Jobs(), Runs()
+    worker = _idle_listening_worker(jobs, migrated_url, runs)
+    with running(worker):
+        wait_until(_parked(worker), "the worker is idle")
+        (job_id,) = enqueue(clean, jobs, [Pong()])
+        runs.wait_for(lambda rs: [r.job_id for r in rs] == [job_id], "the job ran", timeout=3.0)
+        # The claim ran on the LISTEN connection, in the listener's thread: no hop through the
+        # event loop between the notification and the claim.
+        assert len(backend_pids(clean, "WITH picked%", "listen")) == 1
+        assert backend_pids(clean, "WITH picked%", "claim") == []
+        wait_until(lambda: count(clean) == 0, "the job completed")
+        wait_until(_parked(worker), "the worker is idle again")
+        (second,) = enqueue(clean, jobs, [Pong()])
+        runs.wait_for(lambda rs: len(rs) == 2, "the second job ran", timeout=3.0)
+    assert worker.counts["claimed"] == worker.counts["done"] == 2
+    assert [r.attempt for r in runs.of(second)] == [1]
+
+
+def test_a_stop_while_the_listener_claims_gives_the_claimed_job_back(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs, runs = Jobs(), Runs()
+    worker = _idle_listening_worker(jobs, migrated_url, runs)
+    with gated_claims(clean, "gate") as holder, running(worker) as (thread,):
+        wait_until(_parked(worker), "the worker is idle")
+        (job_id,) = enqueue(clean, jobs, [Ping()])
+        wait_until(lambda: gate_waiters(clean) == ["listen"], "the listener's claim is held")
+        worker.stop()
+        time.sleep(0.2)  # the fetch loop is out; the shutdown waits for the listener's claim
+        assert thread.thread.is_alive()
+        open_gate(holder)
+        thread.stop()
+    assert runs.all == []
+    row = job_row(clean, job_id)
+    assert row is not None
+    # Back in the queue, its attempt undone: not left running until its lease expires.
+    assert (row.state, row.attempts, row.lease_token) == ("pending", 0, None)
+    assert worker.counts["released"] == 1
+
+
+def test_a_listen_connection_killed_mid_claim_loses_no_job(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs, runs = Jobs(), Runs()
+    worker = _idle_listening_worker(jobs, migrated_url, runs)
+    with gated_claims(clean, "gate") as holder, running(worker):
+        listener = worker.listener
+        assert listener is not None
+        wait_until(_parked(worker), "the worker is idle")
+        (job_id,) = enqueue(clean, jobs, [Ping()])
+        wait_until(lambda: gate_waiters(clean) == ["listen"], "the listener's claim is held")
+        terminate(clean, _listener_pid(clean))
+        wait_until(lambda: listener.connects == 2, "the listener reconnected")
+        open_gate(holder)
+        # The killed claim rolled back; the fetch loop claims the job on its own connection,
+        # without waiting for the 30 s poll.
+        runs.wait_for(lambda rs: [r.job_id for r in rs] == [job_id], "the job ran", timeout=5.0)
+        wait_until(lambda: count(clean) == 0, "the job completed")
+    assert [r.attempt for r in runs.all] == [1]
 
 
 # -- connection loss --------------------------------------------------------------------------------
@@ -879,14 +983,14 @@ def test_worker_recovers_when_its_claim_connection_is_terminated(
             ids = enqueue(clean, jobs, [Ping(n=i) for i in range(40)])
             runs.wait_for(lambda rs: len(rs) == 4, "the first batch is running")
             (claim_pid,) = wait_until(
-                lambda: backend_pids(clean, "WITH picked%"), "the claim connection"
+                lambda: backend_pids(clean, "WITH picked%", "claim"), "the claim connection"
             )
             terminate(clean, claim_pid)
             # The batch finishes on a dead connection: its completions must not be lost.
             may_finish.set()
             wait_until(lambda: count(clean) == 0, "all jobs completed after the reconnect")
             wait_until(
-                lambda: [p for p in backend_pids(clean, "WITH picked%") if p != claim_pid],
+                lambda: [p for p in backend_pids(clean, "WITH picked%", "claim") if p != claim_pid],
                 "claims on a new connection",
             )
     finally:

@@ -33,6 +33,8 @@ def test_worker_connections_carry_keepalives_and_an_application_name(
             dsn = conn.info.dsn
             assert "keepalives=1" in dsn
             assert "keepalives_idle=30" in dsn
+        # The listener's liveness check fails within 5 s on a half-open connection, not ~60.
+        assert "tcp_user_timeout=5000" in worker.listener._conn.info.dsn
         with clean.connect() as db:
             names = db.execute(
                 text(

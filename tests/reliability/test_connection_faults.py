@@ -250,8 +250,8 @@ def test_a_completion_killed_mid_statement_is_rewritten_and_runs_nothing_twice(
 
 
 def listener(conn: psycopg.Connection[tuple[object, ...]], worker: WorkerProcess) -> int:
-    """Wait until the worker has exactly one LISTEN backend (its last statement: LISTEN, or the
-    liveness check); its pid."""
+    """Wait until the worker has exactly one LISTEN backend (named ``sqla-jobs listen ...``); its
+    pid."""
     found: list[int] = []
 
     def one() -> bool:
@@ -259,7 +259,7 @@ def listener(conn: psycopg.Connection[tuple[object, ...]], worker: WorkerProcess
             cast(int, r[0])
             for r in conn.execute(
                 f"SELECT pid FROM pg_stat_activity WHERE {worker.OWNS} "
-                "AND (query LIKE 'LISTEN %%' OR query = 'SELECT 1')",
+                "AND application_name LIKE 'sqla-jobs listen %%'",
                 worker.owns_params(),
             )
         ]
