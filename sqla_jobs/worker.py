@@ -176,6 +176,12 @@ class Worker:
         self._active: dict[int, tuple[ClaimedJob, JobContext, asyncio.Task[Any]]] = {}
         #: The automatic prefetch, resized as the average handler run time moves.
         self._auto_prefetch = 0
+        #: The prefetch and the claim limit in force (read per job: attributes, not calls).
+        self._prefetch_n = 0
+        self._limit = 0
+        self._set_prefetch()
+        #: Jobs run so far (the automatic prefetch is resized every few of them).
+        self._runs = 0
         #: Slot tasks alive (each runs buffered jobs one at a time; at most ``concurrency``). The
         #: set also holds the only strong references to them: the loop keeps weak ones.
         self._slot_tasks: set[asyncio.Task[None]] = set()
@@ -194,6 +200,8 @@ class Worker:
         self._finished: list[_Finished] = []
         #: Outcomes a write in flight carries: still this worker's jobs until written.
         self._writing: list[_Finished] = []
+        #: When the round trip in flight (write and/or claim) was sent; 0.0 when there is none.
+        self._writing_since = 0.0
         self._stopping = False
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -368,28 +376,34 @@ class Worker:
         # Jobs this worker may still take on. Finished-but-unwritten ones do not count: their
         # outcomes are written ahead of the claim, in the same round trip.
         held = len(self._active) + len(self._buffer)
-        return self.config.concurrency + self._prefetch() - held
+        return self.config.concurrency + self._prefetch_n - held
 
     def _prefetch(self) -> int:
-        if self.config.prefetch is not None:
-            return self.config.prefetch
+        return self._prefetch_n
+
+    def _set_prefetch(self) -> None:
+        config = self.config
         # Auto (see _size_prefetch): only while handlers are short. Long handlers gain nothing
         # from it, and jobs waiting behind them would only be given back (two more row versions
         # each).
-        return self._auto_prefetch
+        self._prefetch_n = config.prefetch if config.prefetch is not None else self._auto_prefetch
+        self._limit = config.batch_size or (config.concurrency + self._prefetch_n)
 
     def _size_prefetch(self, avg_runtime: float) -> None:
         # Auto: hold what the slots finish in about _PREFETCH_HORIZON, up to _PREFETCH_CAP (no-op
         # jobs get the cap: big claims, few round trips; 10 ms jobs a few per slot), so buffered
         # jobs start long before _BUFFER_MAX_WAIT would give them back.
         if avg_runtime > _SHORT_JOB:
-            self._auto_prefetch = 0
+            auto = 0
         else:
             per_slot = _PREFETCH_HORIZON / max(avg_runtime, 1e-6)
-            self._auto_prefetch = min(_PREFETCH_CAP, int(self.config.concurrency * per_slot))
+            auto = min(_PREFETCH_CAP, int(self.config.concurrency * per_slot))
+        if auto != self._auto_prefetch:
+            self._auto_prefetch = auto
+            self._set_prefetch()
 
     def _claim_limit(self) -> int:
-        return self.config.batch_size or (self.config.concurrency + self._prefetch())
+        return self._limit
 
     def _wait_seconds(self) -> float:
         if self._finished:
@@ -436,13 +450,14 @@ class Worker:
         # in batches, and a batch's completions ride along with the next claim.
         # Claim only while a slot is free: a worker whose slots are all busy (with long jobs,
         # say) must not take jobs it cannot start.
+        # The buffer test first: it is the one that fails while a busy worker has work.
         return (
-            not self._drained
+            len(self._buffer) <= self._prefetch_n // 2
+            and not self._drained
             and not self._thread_claim
             and room > 0
             and len(self._active) < self.config.concurrency
-            and len(self._buffer) <= self._prefetch() // 2
-            and (room >= self._claim_limit() // 2 or not self._active)
+            and (room >= self._limit // 2 or not self._active)
         )
 
     def _loop_has_work(self) -> bool:
@@ -453,7 +468,7 @@ class Worker:
         finished = len(self._finished)
         if finished == 1 or not (self._active or self._buffer):
             return True
-        return finished >= self._claim_limit() or self._want_claim(self._room())
+        return finished >= self._limit or self._want_claim(self._room())
 
     def _start_buffered(self) -> None:
         """Give the buffered jobs to free slots. A slot is a task that runs buffered jobs one after
@@ -481,9 +496,10 @@ class Worker:
                 await self._run_job(job, self._active[job.id][1])
                 ran += 1
                 # Handlers that never await would hold the event loop for the whole buffer: yield
-                # when the fetch loop has work (a claim or a write to send), and every few jobs.
-                # Not after every job: each yield is a turn of the event loop (an epoll call).
-                if wake.is_set() or ran % _YIELD_EVERY == 0:
+                # when the fetch loop has work (a claim or a write to send) and is not already
+                # waiting for a round trip, and every few jobs (which also lets a round trip's
+                # result in). Not after every job: each yield is a turn of the event loop.
+                if (wake.is_set() and not self._writing_since) or ran % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
         finally:
             self._slot_tasks.discard(task)
@@ -657,6 +673,7 @@ class Worker:
         self._queue_turn += 1
         batch, self._finished = self._finished, []
         self._writing = batch
+        self._writing_since = time.monotonic()
         try:
             # Inside the try: a reconnect that fails must not drop the outcomes it was to write.
             conn = await self._db()
@@ -676,6 +693,7 @@ class Worker:
             raise
         finally:
             self._writing = []
+            self._writing_since = 0.0
         if done_cur is not None:
             self._count_done(len(done), len(await done_cur.fetchall()))
         for f, cur in fail_curs:
@@ -860,7 +878,9 @@ class Worker:
             runtime = time.monotonic() - started
             avg = self._avg_runtime
             self._avg_runtime = avg = runtime if avg is None else 0.9 * avg + 0.1 * runtime
-            self._size_prefetch(avg)
+            self._runs += 1
+            if self._runs < 8 or not self._runs % 8:
+                self._size_prefetch(avg)
             if not cancelled:
                 if not self._finished:
                     self._finished_since = time.monotonic()
