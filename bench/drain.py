@@ -7,8 +7,11 @@ The clock starts when the children, already imported and set up, are told to go.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
+
+import psycopg
 
 from .app import prefill
 from .dbs import TABLE, Subject, connect, fresh_database, wait_empty
@@ -20,10 +23,25 @@ from .settings import Context
 IMPLS: dict[str, Subject] = {"sqla": "sqla_jobs", "batched": "baseline", "single": "baseline"}
 
 
+def backend_cpu(conn: psycopg.Connection[Any]) -> float:
+    """CPU seconds used so far by the server processes serving this database, other than
+    ``conn``'s own (the workers' connections, for a drain): NaN unless every one of them is a
+    process this machine can read (a local server)."""
+    pids = [
+        int(r[0])
+        for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    ]
+    return sum(cpu_seconds(pid) for pid in pids) if pids else math.nan
+
+
 def drain_once(
     ctx: Context, impl: str, concurrency: int, processes: int, jobs: int
 ) -> dict[str, float]:
-    """One drain; returns jobs/s and the workers' CPU time per job (microseconds)."""
+    """One drain; returns jobs/s, and the CPU time per job (microseconds) of the worker processes
+    and of the server processes serving them."""
     subject = IMPLS[impl]
     with fresh_database(ctx.server_url, subject) as url:
         prefill(subject, url, jobs)
@@ -42,12 +60,19 @@ def drain_once(
                 p.go()
             t1 = wait_empty(conn, TABLE[subject], timeout=max(120.0, jobs / 100))
             cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
+            # The workers' backends started with the drain (they connect on "go"): their whole
+            # CPU time is the drain's, give or take connecting.
+            server = backend_cpu(conn)
             results: list[dict[str, Any]] = [p.finish() for p in procs]
         done = sum(int(r["done"]) for r in results)
         errors = [e for r in results for e in r.get("errors", [])]
         if errors or done != jobs:
             raise RuntimeError(f"drain {impl}: {done} of {jobs} done, errors {errors}")
-    return {"rate": jobs / (t1 - t0), "cpu_us_per_job": cpu / jobs * 1e6}
+    return {
+        "rate": jobs / (t1 - t0),
+        "cpu_us_per_job": cpu / jobs * 1e6,
+        "server_cpu_us_per_job": server / jobs * 1e6,
+    }
 
 
 def run(ctx: Context) -> Outcome:
@@ -57,6 +82,7 @@ def run(ctx: Context) -> Outcome:
         for processes in (1, 2):
             rates = {impl: Series() for impl in IMPLS}
             cpus = {impl: Series() for impl in IMPLS}
+            servers = {impl: Series() for impl in IMPLS}
             impls = list(IMPLS)
             for rep in range(ctx.repeat):
                 # Rotate the order per repetition so drift does not favour anyone.
@@ -64,9 +90,12 @@ def run(ctx: Context) -> Outcome:
                     r = drain_once(ctx, impl, concurrency, processes, sizes.drain_jobs)
                     rates[impl].add(r["rate"])
                     cpus[impl].add(r["cpu_us_per_job"])
+                    if not math.isnan(r["server_cpu_us_per_job"]):
+                        servers[impl].add(r["server_cpu_us_per_job"])
                     ctx.log(
                         f"drain c={concurrency} procs={processes} {impl} rep {rep + 1}: "
-                        f"{r['rate']:,.0f} jobs/s, worker CPU {r['cpu_us_per_job']:.0f} us/job"
+                        f"{r['rate']:,.0f} jobs/s, worker CPU {r['cpu_us_per_job']:.0f} us/job, "
+                        f"server CPU {r['server_cpu_us_per_job']:.0f} us/job"
                     )
             label = f"concurrency {concurrency}, {processes} process{'es' if processes > 1 else ''}"
             out.rows += [
@@ -97,8 +126,25 @@ def run(ctx: Context) -> Outcome:
                     note="user+system CPU of the worker processes",
                 ),
             ]
+            if servers["sqla"].samples and servers["batched"].samples:
+                out.rows.append(
+                    Row(
+                        "drain",
+                        f"server CPU per job, {label} vs batched claim",
+                        "us/job",
+                        servers["sqla"],
+                        servers["batched"],
+                        "batched",
+                        note="user+system CPU of the PostgreSQL backends serving the workers "
+                        "(local servers only)",
+                    )
+                )
             out.raw[f"c{concurrency}_p{processes}"] = {
-                impl: {"rate": rates[impl].as_dict(), "cpu_us_per_job": cpus[impl].as_dict()}
+                impl: {
+                    "rate": rates[impl].as_dict(),
+                    "cpu_us_per_job": cpus[impl].as_dict(),
+                    "server_cpu_us_per_job": servers[impl].as_dict(),
+                }
                 for impl in IMPLS
             }
     return out

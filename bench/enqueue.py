@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from sqla_jobs import statements
 from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.model import notify_channel
 
 from . import baseline
 from .app import KIND, Ping, make_engine, make_jobs, payload_dict
@@ -57,6 +58,42 @@ def session_floor(url: str, n: int) -> float:
         for _ in range(n):
             with Session(engine) as s, s.begin():
                 s.execute(one).one()
+        return n / (time.perf_counter() - t0)
+    finally:
+        engine.dispose()
+
+
+def session_insert_floor(url: str, n: int) -> float:
+    """The least an enqueue through a ``Session`` costs once it writes: the same loop as
+    :func:`single_sqla`, sending the enqueue's own INSERT (with its NOTIFY) as precompiled SQL
+    through ``exec_driver_sql``, with no validation, no compile and no ``Job`` built. What is left
+    over the raw INSERT+COMMIT is the Session and SQLAlchemy's execute path around one write."""
+    engine = make_engine(url)
+    sql = str(statements.insert_job_and_notify().compile(dialect=engine.dialect))
+    params = {
+        "queue": "default",
+        "kind": KIND,
+        "priority": 0,
+        "run_at": None,
+        "delay_us": 0,
+        "max_attempts": 10,
+        "max_crashes": 3,
+        "concurrency_key": None,
+        "concurrency_limit": None,
+        "channel": notify_channel(None),
+        "queue_name": "default",
+    }
+    try:
+        for i in range(WARMUP):
+            with Session(engine) as s, s.begin():
+                s.connection().exec_driver_sql(
+                    sql, {**params, "payload": json.dumps(payload_dict(-i))}
+                ).one()
+        payloads = [json.dumps(payload_dict(i)) for i in range(n)]
+        t0 = time.perf_counter()
+        for p in payloads:
+            with Session(engine) as s, s.begin():
+                s.connection().exec_driver_sql(sql, {**params, "payload": p}).one()
         return n / (time.perf_counter() - t0)
     finally:
         engine.dispose()
@@ -124,6 +161,7 @@ def run(ctx: Context) -> Outcome:
     cases = {
         "single": (sizes.enqueue_single, single_sqla, single_baseline),
         "floor": (sizes.enqueue_single, session_floor, single_baseline),
+        "insert_floor": (sizes.enqueue_single, session_insert_floor, single_baseline),
         "bulk": (sizes.enqueue_bulk, bulk_sqla, bulk_baseline),
         "bulk_floor": (sizes.enqueue_bulk, bulk_table_floor, bulk_baseline),
     }
@@ -158,6 +196,16 @@ def run(ctx: Context) -> Outcome:
             results["floor"]["baseline"],
             "raw INSERT+COMMIT",
             subject_label="Session + SELECT 1",
+        ),
+        Row(
+            "enqueue",
+            f"Session INSERT floor: the enqueue's INSERT via exec_driver_sql, {sizes.enqueue_single:,}"
+            " (bounds the above)",
+            "jobs/s",
+            results["insert_floor"]["sqla_jobs"],
+            results["insert_floor"]["baseline"],
+            "raw INSERT+COMMIT",
+            subject_label="Session + raw INSERT",
         ),
         Row(
             "enqueue",
