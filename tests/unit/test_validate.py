@@ -1,0 +1,126 @@
+"""``prepare_many`` takes runs of one model through a fast loop: it must write exactly what the
+payload-by-payload path writes, and refuse exactly what it refuses, at the same position."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from sqla_jobs import Jobs
+from sqla_jobs.errors import InvalidPayloadError, PayloadTooLargeError, UnknownKindError
+from sqla_jobs.validate import Batch, prepare, prepare_many
+
+
+class Ping(BaseModel):
+    n: int
+    tag: str = "x"
+
+
+class Mail(BaseModel):
+    to: str
+
+
+class Keyed(BaseModel):
+    account: str
+
+
+class Stray(BaseModel):
+    n: int
+
+
+def _jobs() -> Jobs:
+    jobs = Jobs()
+    jobs.register("ping", Ping)
+    jobs.register("mail", Mail, queue="mail", priority=3)
+    jobs.register("keyed", Keyed, concurrency_limit=1, concurrency_key=lambda k: k.account)
+    return jobs
+
+
+def _many(jobs: Jobs, payloads: list[Any], **options: Any) -> Batch:
+    return prepare_many(
+        jobs,
+        payloads,
+        max_bytes=options.pop("max_bytes", jobs.max_payload_bytes),
+        queue=options.pop("queue", None),
+        priority=options.pop("priority", None),
+        max_attempts=options.pop("max_attempts", None),
+    )
+
+
+def _one_by_one(jobs: Jobs, payloads: list[BaseModel]) -> Batch:
+    """What the batch must equal: :func:`prepare` of each payload, as columns."""
+    batch = Batch()
+    for payload in payloads:
+        job = prepare(
+            jobs,
+            payload,
+            None,
+            max_bytes=jobs.max_payload_bytes,
+            queue=None,
+            priority=None,
+            max_attempts=None,
+        )
+        batch.queue.append(job.queue)
+        batch.kind.append(job.kind.name)
+        batch.payload.append(job.payload_json)
+        batch.priority.append(job.priority)
+        batch.max_attempts.append(job.max_attempts)
+        batch.max_crashes.append(job.max_crashes)
+        batch.concurrency_key.append(job.concurrency_key)
+        batch.concurrency_limit.append(job.concurrency_limit)
+    return batch
+
+
+def test_runs_of_models_give_the_columns_one_by_one_preparation_gives() -> None:
+    jobs = _jobs()
+    payloads: list[BaseModel] = [
+        Ping(n=1),
+        Ping(n=2, tag='quo"te \\ \u00e9'),
+        Mail(to="a@example.com"),
+        Keyed(account="acme"),
+        Keyed(account="beta"),
+        Ping(n=3),
+    ]
+    assert _many(jobs, payloads) == _one_by_one(jobs, payloads)
+
+
+def test_a_generator_of_payloads_is_taken_like_a_list() -> None:
+    jobs = _jobs()
+    payloads = [Ping(n=i) for i in range(5)]
+    assert _many(jobs, (p for p in payloads)) == _many(jobs, payloads)  # type: ignore[arg-type]
+
+
+def _mutated(n: Any) -> Ping:
+    ping = Ping(n=1)
+    ping.n = n
+    return ping
+
+
+@pytest.mark.parametrize(
+    ("bad", "error", "match"),
+    [
+        (_mutated("seven"), InvalidPayloadError, "cannot be serialized"),
+        (Ping.model_construct(), InvalidPayloadError, "does not validate"),
+        (Ping(n=1, tag="nul \x00 inside"), InvalidPayloadError, "NUL"),
+        (Ping(n=1, tag="p" * 70_000), PayloadTooLargeError, "over the limit"),
+        (Stray(n=1), UnknownKindError, ""),
+    ],
+    ids=["mutated", "construct-missing-field", "nul", "too-large", "unregistered"],
+)
+def test_a_bad_payload_inside_a_run_is_refused_at_its_position(
+    bad: BaseModel, error: type[Exception], match: str
+) -> None:
+    jobs = _jobs()
+    payloads = [Ping(n=0), Ping(n=1), Mail(to="x"), Ping(n=3), Ping(n=4), bad, Ping(n=6)]
+    with pytest.raises(error, match=rf"^payload 5: .*{match}"):
+        _many(jobs, payloads)
+
+
+def test_an_escaped_backslash_before_u0000_is_not_a_nul() -> None:
+    # The JSON text holds \\u0000 (a backslash, then "u0000"): the fast loop hands it to the
+    # exact check, which accepts it.
+    jobs = _jobs()
+    payloads = [Ping(n=1, tag="\\u0000"), Ping(n=2)]
+    assert _many(jobs, payloads) == _one_by_one(jobs, payloads)
