@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-import select
+import selectors
 import threading
 import time
 from collections.abc import Callable, Collection
@@ -115,10 +115,11 @@ class Listener(threading.Thread):
                 os.close(self._stop_w)
                 self._stop_r = self._stop_w = -1
 
-    def _wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds`` unless stopped; True if stopped."""
-        ready, _, _ = select.select([self._stop_r], [], [], seconds)
-        return bool(ready)
+    def _wait(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, or until stopped."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._stop_r, selectors.EVENT_READ)
+            selector.select(seconds)
 
     def _connect(self) -> Connection:
         conn = psycopg.connect(
@@ -152,8 +153,17 @@ class Listener(threading.Thread):
         # Anything enqueued while we were away was announced to nobody: look once.
         self._on_notify(conn, [])
         self._notes.clear()
-        quiet_since = time.monotonic()
+        # A selector, not select(): a descriptor past FD_SETSIZE (an application with a thousand
+        # open files) is fine here.
+        with selectors.DefaultSelector() as selector:
+            selector.register(conn.pgconn.socket, selectors.EVENT_READ)
+            selector.register(self._stop_r, selectors.EVENT_READ)
+            self._serve(conn, selector)
+
+    def _serve(self, conn: Connection, selector: selectors.BaseSelector) -> None:
+        """Act on notifications until stopped; raises when the connection is lost."""
         pgconn = conn.pgconn
+        quiet_since = time.monotonic()
         while not self._stopping.is_set():
             if self._notes:
                 queues = list(dict.fromkeys(self._notes))
@@ -167,8 +177,8 @@ class Listener(threading.Thread):
                 conn.execute("SELECT 1")
                 quiet_since = time.monotonic()
                 continue
-            ready, _, _ = select.select([pgconn.socket, self._stop_r], [], [], left)
-            if pgconn.socket in ready:
+            ready = selector.select(left)
+            if any(key.fd == pgconn.socket for key, _ in ready):
                 # Straight from libpq: no query runs on this connection now, and its notification
                 # handler (_note) is what psycopg would call for them.
                 pgconn.consume_input()

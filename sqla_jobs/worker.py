@@ -200,8 +200,8 @@ class Worker:
         self._finished: list[_Finished] = []
         #: Outcomes a write in flight carries: still this worker's jobs until written.
         self._writing: list[_Finished] = []
-        #: When the round trip in flight (write and/or claim) was sent; 0.0 when there is none.
-        self._writing_since = 0.0
+        #: A round trip (outcomes and/or a claim) is in flight: the fetch loop is waiting for it.
+        self._in_flight = False
         self._stopping = False
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -499,7 +499,7 @@ class Worker:
                 # when the fetch loop has work (a claim or a write to send) and is not already
                 # waiting for a round trip, and every few jobs (which also lets a round trip's
                 # result in). Not after every job: each yield is a turn of the event loop.
-                if (wake.is_set() and not self._writing_since) or ran % _YIELD_EVERY == 0:
+                if (wake.is_set() and not self._in_flight) or ran % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
         finally:
             self._slot_tasks.discard(task)
@@ -673,7 +673,7 @@ class Worker:
         self._queue_turn += 1
         batch, self._finished = self._finished, []
         self._writing = batch
-        self._writing_since = time.monotonic()
+        self._in_flight = True
         try:
             # Inside the try: a reconnect that fails must not drop the outcomes it was to write.
             conn = await self._db()
@@ -693,7 +693,7 @@ class Worker:
             raise
         finally:
             self._writing = []
-            self._writing_since = 0.0
+            self._in_flight = False
         if done_cur is not None:
             self._count_done(len(done), len(await done_cur.fetchall()))
         for f, cur in fail_curs:
