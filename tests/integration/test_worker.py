@@ -839,11 +839,8 @@ class WakeWatcher(Worker):
         self.woken.set()
 
 
-def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
-    clean: Engine, migrated_url: str
-) -> None:
-    jobs = Jobs()
-    runs = Runs()
+def _gate_and_ping(jobs: Jobs, runs: Runs) -> None:
+    """Register a ``gate`` (Ping) and a ``ping`` (Pong) kind whose handlers record their runs."""
 
     @jobs.kind("gate", Ping)
     async def gate(args: Ping, ctx: JobContext) -> None:
@@ -853,6 +850,12 @@ def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
     async def ping(args: Pong, ctx: JobContext) -> None:
         runs.record(args, ctx)
 
+
+def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs, runs = Jobs(), Runs()
+    _gate_and_ping(jobs, runs)
     # The claim of the 'gate' job is held mid-statement, so that a NOTIFY is delivered while that
     # claim is in flight.
     with gated_claims(clean, "gate") as holder:
@@ -879,17 +882,9 @@ def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
 
 
 def _idle_listening_worker(jobs: Jobs, url: str, runs: Runs) -> Worker:
-    """A worker that only a NOTIFY can wake in time (30 s poll), for a ``gate`` and a ``ping``
-    kind that record their runs."""
-
-    @jobs.kind("gate", Ping)
-    async def gate(args: Ping, ctx: JobContext) -> None:
-        runs.record(args, ctx)
-
-    @jobs.kind("ping", Pong)
-    async def ping(args: Pong, ctx: JobContext) -> None:
-        runs.record(args, ctx)
-
+    """A worker that only a NOTIFY can wake in time (30 s poll), for :func:`_gate_and_ping`'s
+    kinds."""
+    _gate_and_ping(jobs, runs)
     return Worker(jobs, url, listen=True, poll_interval=30.0)
 
 
