@@ -209,6 +209,28 @@ class Batch:
     def __len__(self) -> int:
         return len(self.kind)
 
+    def extend(
+        self,
+        kind: Kind,
+        queue: str,
+        priority: int,
+        max_attempts: int,
+        payloads: list[str],
+        keys: list[str | None],
+        limits: list[int | None],
+    ) -> None:
+        """Add jobs of one kind and options: their payload texts and concurrency keys and limits
+        (one each per job); the other columns repeat."""
+        n = len(payloads)
+        self.queue += [queue] * n
+        self.kind += [kind.name] * n
+        self.payload += payloads
+        self.priority += [priority] * n
+        self.max_attempts += [max_attempts] * n
+        self.max_crashes += [kind.options.max_crashes] * n
+        self.concurrency_key += keys
+        self.concurrency_limit += limits
+
     def columns(self) -> list[list[Any]]:
         """The lists in :data:`statements.BULK_COLUMNS` order."""
         return [getattr(self, name) for name in statements.BULK_COLUMNS]
@@ -253,7 +275,7 @@ def prepare_many(
                 kind = registry.by_model(model)
                 entry = resolved[model] = (kind, *_options(kind, queue, priority, max_attempts))
         except EnqueueError as exc:
-            exc.args = (f"payload {start}: {exc.args[0]}", *exc.args[1:])
+            _at(exc, start)
             raise
         run = items[start:stop]
         texts = (
@@ -263,16 +285,8 @@ def prepare_many(
             for offset, payload in enumerate(run):
                 _append_one(batch, entry, payload, start + offset, max_bytes)
         else:
-            kind, q, p, m = entry
-            n = len(run)
-            batch.queue += [q] * n
-            batch.kind += [kind.name] * n
-            batch.payload += texts
-            batch.priority += [p] * n
-            batch.max_attempts += [m] * n
-            batch.max_crashes += [kind.options.max_crashes] * n
-            batch.concurrency_key += [None] * n
-            batch.concurrency_limit += [None] * n
+            none: list[Any] = [None] * len(texts)
+            batch.extend(*entry, texts, none, none)
         start = stop
     return batch
 
@@ -305,21 +319,19 @@ def _append_one(
     index: int,
     max_bytes: int,
 ) -> None:
-    kind, q, p, m = entry
+    kind = entry[0]
     try:
         instance, payload_json = serialize(kind, payload, max_bytes)
         key, limit = concurrency(kind, instance, None)
     except EnqueueError as exc:
-        exc.args = (f"payload {index}: {exc.args[0]}", *exc.args[1:])
+        _at(exc, index)
         raise
-    batch.queue.append(q)
-    batch.kind.append(kind.name)
-    batch.payload.append(payload_json)
-    batch.priority.append(p)
-    batch.max_attempts.append(m)
-    batch.max_crashes.append(kind.options.max_crashes)
-    batch.concurrency_key.append(key)
-    batch.concurrency_limit.append(limit)
+    batch.extend(*entry, [payload_json], [key], [limit])
+
+
+def _at(exc: EnqueueError, index: int) -> None:
+    """Prefix ``exc``'s message with the position of the payload it is about."""
+    exc.args = (f"payload {index}: {exc.args[0]}", *exc.args[1:])
 
 
 def schedule(

@@ -583,13 +583,7 @@ class Worker:
             # keeps at most one).
             rows = conn.execute(
                 self._sql.claim.sql,
-                self._sql.claim.params(
-                    queue=queues[0],
-                    limit=limit,
-                    lease=self._lease,
-                    worker=self.name,
-                    crashed_ok=True,
-                ),
+                self._claim_params(queues[0], limit, crashed_ok=True),
             ).fetchall()
         finally:
             # Even when it failed (the listener then reconnects): the loop must claim again.
@@ -708,13 +702,7 @@ class Worker:
             if queue != first:
                 cur = await conn.execute(
                     self._sql.claim.sql,
-                    self._sql.claim.params(
-                        queue=queue,
-                        limit=limit - claimed,
-                        lease=self._lease,
-                        worker=self.name,
-                        crashed_ok=not self._holds_a_crashed_job(),
-                    ),
+                    self._claim_params(queue, limit - claimed),
                 )
                 claimed += self._take(await cur.fetchall())
         if self._keyed:
@@ -764,15 +752,20 @@ class Worker:
         if limit:
             claim_cur = await conn.execute(
                 self._sql.claim.sql,
-                self._sql.claim.params(
-                    queue=queue,
-                    limit=limit,
-                    lease=self._lease,
-                    worker=self.name,
-                    crashed_ok=not self._holds_a_crashed_job(),
-                ),
+                self._claim_params(queue, limit),
             )
         return done, done_cur, fail_curs, claim_cur
+
+    def _claim_params(
+        self, queue: str, limit: int, crashed_ok: bool | None = None
+    ) -> dict[str, Any]:
+        """The claim's parameters; jobs that crashed a worker before come only to a worker that
+        holds none (``crashed_ok`` unless given)."""
+        if crashed_ok is None:
+            crashed_ok = not self._holds_a_crashed_job()
+        return self._sql.claim.params(
+            queue=queue, limit=limit, lease=self._lease, worker=self.name, crashed_ok=crashed_ok
+        )
 
     def _holds_a_crashed_job(self) -> bool:
         return any(job.crashes > 0 for job, _, _ in list(self._active.values())) or any(
