@@ -265,7 +265,7 @@ def notify() -> Select[tuple[object]]:
     return select(func.pg_notify(bindparam("channel", type_=Text), bindparam("queue", type_=Text)))
 
 
-def claim() -> AnyUpdate:
+def claim() -> Select[Any]:
     """Claim up to ``limit`` due jobs of ``queue`` for ``worker``, in one atomic statement.
 
     Locks the claimed rows (``FOR UPDATE SKIP LOCKED``: rows another worker holds are stepped over,
@@ -275,9 +275,10 @@ def claim() -> AnyUpdate:
     that crashed a worker before (``crashes > 0``). Returns :data:`CLAIMED_COLUMNS`. Served by
     ``sqla_jobs_job_claim_idx`` (partial, pending rows only): an ordered index scan, no sort.
     """
-    # MATERIALIZED fences the selection: the UPDATE joins against exactly the rows the LIMIT kept.
-    # Without a fence the planner may fold the subquery into the UPDATE and re-evaluate it, updating
-    # more rows than the limit (or locking rows it then discards).
+    # ARRAY(subquery) is an InitPlan: the selection runs once, and the UPDATE fetches exactly the
+    # rows the LIMIT kept by primary key. A join against a CTE instead left the join to the
+    # planner, which (the CTE's row count being a guess) hashed it against a scan of the whole
+    # table: a claim of 135 jobs from 20,000 took 3.1 ms instead of 0.9.
     picked = (
         select(job.c.id)
         .where(
@@ -292,20 +293,29 @@ def claim() -> AnyUpdate:
         .order_by(job.c.priority, job.c.run_at, job.c.id)
         .limit(bindparam("limit", type_=BigInteger))
         .with_for_update(skip_locked=True)
-        .cte("picked")
-        .prefix_with("MATERIALIZED")
     )
-    return _mark_claimed(update(job).where(job.c.id == picked.c.id))
+    return _mark_claimed(
+        update(job).where(job.c.id == func.any(func.array(picked.scalar_subquery())))
+    )
 
 
-def _mark_claimed(stmt: Update) -> AnyUpdate:
-    return stmt.values(
-        state=RUNNING,
-        attempts=job.c.attempts + 1,
-        lease_token=func.gen_random_uuid(),
-        lease_expires_at=func.now() + bindparam("lease", type_=Interval),
-        locked_by=bindparam("worker", type_=Text),
-    ).returning(*CLAIMED_COLUMNS)
+def _mark_claimed(stmt: Update) -> Select[Any]:
+    # Rows in claim order (a batch's jobs start in the order they come): fetched by primary key,
+    # the UPDATE returns them in id order, so the statement sorts what it claimed.
+    claimed = (
+        stmt.values(
+            state=RUNNING,
+            attempts=job.c.attempts + 1,
+            lease_token=func.gen_random_uuid(),
+            lease_expires_at=func.now() + bindparam("lease", type_=Interval),
+            locked_by=bindparam("worker", type_=Text),
+        )
+        .returning(*CLAIMED_COLUMNS, job.c.run_at)
+        .cte("claimed")
+    )
+    return select(*(claimed.c[c.name] for c in CLAIMED_COLUMNS)).order_by(
+        claimed.c.priority, claimed.c.run_at, claimed.c.id
+    )
 
 
 #: First key of the two-key advisory locks sqla-jobs takes (hashtext('sqla_jobs')): a namespace so
@@ -372,7 +382,7 @@ def lock_keys() -> Select[tuple[str]]:
     )
 
 
-def claim_keyed() -> AnyUpdate:
+def claim_keyed() -> Select[Any]:
     """Step 2 of the keyed claim, in the same transaction as :func:`lock_keys` and after it: claim
     up to ``limit`` due jobs of ``queue`` whose key is in ``keys``, at most
     ``concurrency_limit - running`` per key, in per-key order.
@@ -410,11 +420,14 @@ def claim_keyed() -> AnyUpdate:
         .where(ranked.c.rank <= ranked.c.concurrency_limit - func.coalesce(running.c.n, 0))
         .order_by(ranked.c.priority, ranked.c.run_at, ranked.c.id)
         .limit(bindparam("limit", type_=BigInteger))
-        .cte("picked")
-        .prefix_with("MATERIALIZED")
     )
-    # state is re-checked on the latest row version by the UPDATE itself (READ COMMITTED).
-    return _mark_claimed(update(job).where(job.c.id == picked.c.id, job.c.state == PENDING))
+    # By primary key from an InitPlan's array, as in claim(). state is re-checked on the latest
+    # row version by the UPDATE itself (READ COMMITTED).
+    return _mark_claimed(
+        update(job).where(
+            job.c.id == func.any(func.array(picked.scalar_subquery())), job.c.state == PENDING
+        )
+    )
 
 
 def record_step() -> AnyUpdate:

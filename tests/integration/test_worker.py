@@ -34,6 +34,8 @@ T = TypeVar("T")
 DEADLINE = 10.0
 #: A URL nothing listens on: configuration errors must be raised before any connection is tried.
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nothing"
+#: The claim statement, as pg_stat_activity shows it (LIKE pattern).
+CLAIM_SQL = "WITH claimed AS%"
 
 
 # -- harness ----------------------------------------------------------------------------------------
@@ -904,8 +906,8 @@ def test_an_idle_worker_claims_on_its_listen_connection_when_notified(
         runs.wait_for(lambda rs: [r.job_id for r in rs] == [job_id], "the job ran", timeout=3.0)
         # The claim ran on the LISTEN connection, in the listener's thread: no hop through the
         # event loop between the notification and the claim.
-        assert len(backend_pids(clean, "WITH picked%", "listen")) == 1
-        assert backend_pids(clean, "WITH picked%", "claim") == []
+        assert len(backend_pids(clean, CLAIM_SQL, "listen")) == 1
+        assert backend_pids(clean, CLAIM_SQL, "claim") == []
         wait_until(lambda: count(clean) == 0, "the job completed")
         wait_until(_parked(worker), "the worker is idle again")
         (second,) = enqueue(clean, jobs, [Pong()])
@@ -978,14 +980,14 @@ def test_worker_recovers_when_its_claim_connection_is_terminated(
             ids = enqueue(clean, jobs, [Ping(n=i) for i in range(40)])
             runs.wait_for(lambda rs: len(rs) == 4, "the first batch is running")
             (claim_pid,) = wait_until(
-                lambda: backend_pids(clean, "WITH picked%", "claim"), "the claim connection"
+                lambda: backend_pids(clean, CLAIM_SQL, "claim"), "the claim connection"
             )
             terminate(clean, claim_pid)
             # The batch finishes on a dead connection: its completions must not be lost.
             may_finish.set()
             wait_until(lambda: count(clean) == 0, "all jobs completed after the reconnect")
             wait_until(
-                lambda: [p for p in backend_pids(clean, "WITH picked%", "claim") if p != claim_pid],
+                lambda: [p for p in backend_pids(clean, CLAIM_SQL, "claim") if p != claim_pid],
                 "claims on a new connection",
             )
     finally:

@@ -43,7 +43,7 @@ RECONNECT_EVENTS = ("conn_lost", "lease_conn_lost", "listener_lost")
 #: The advisory lock (single-key) the gate trigger waits on.
 GATE_KEY = 7_301_995
 
-CLAIM_SQL = "WITH picked AS MATERIALIZED%"
+CLAIM_SQL = "WITH claimed AS%"
 HEARTBEAT_SQL = "UPDATE sqla_jobs_job SET lease_expires_at%"
 COMPLETE_SQL = "DELETE FROM sqla_jobs_job%"
 

@@ -45,7 +45,8 @@ def claimed_since(fleet: Fleet, engine: Engine, since: datetime) -> Callable[[],
                 text(
                     "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
                     "WHERE application_name LIKE 'sqla-jobs claim %' "
-                    "AND query LIKE 'WITH picked AS MATERIALIZED%' AND query_start > :since"
+                    "AND query LIKE 'WITH claimed AS%' "
+                    "AND query_start > :since"
                 ),
                 {"since": since},
             ).scalar()
