@@ -269,11 +269,12 @@ def claim() -> Select[Any]:
     """Claim up to ``limit`` due jobs of ``queue`` for ``worker``, in one atomic statement.
 
     Locks the claimed rows (``FOR UPDATE SKIP LOCKED``: rows another worker holds are stepped over,
-    never waited for); sets them ``running`` with a fresh lease token and a lease of ``lease`` from
-    the database's ``now()``, and counts the attempt now, at claim time, so a job that kills its
-    worker cannot be retried forever. With ``crashed_ok`` false (default true) it steps over jobs
-    that crashed a worker before (``crashes > 0``). Returns :data:`CLAIMED_COLUMNS`. Served by
-    ``sqla_jobs_job_claim_idx`` (partial, pending rows only): an ordered index scan, no sort.
+    never waited for); sets them ``running`` with a fresh lease token (one per claim) and a lease
+    of ``lease`` from the database's ``now()``, and counts the attempt now, at claim time, so a job
+    that kills its worker cannot be retried forever. With ``crashed_ok`` false (default true) it
+    steps over jobs that crashed a worker before (``crashes > 0``). Returns
+    :data:`CLAIMED_COLUMNS`, in claim order. Served by ``sqla_jobs_job_claim_idx`` (partial,
+    pending rows only): an ordered index scan; the only sort is of the rows it claimed.
     """
     # ARRAY(subquery) is an InitPlan: the selection runs once, and the UPDATE fetches exactly the
     # rows the LIMIT kept by primary key. A join against a CTE instead left the join to the
@@ -306,7 +307,10 @@ def _mark_claimed(stmt: Update) -> Select[Any]:
         stmt.values(
             state=RUNNING,
             attempts=job.c.attempts + 1,
-            lease_token=func.gen_random_uuid(),
+            # One token per claim, shared by the jobs it claims (an InitPlan, run once): the fence
+            # pairs it with each job's id, and a job claimed again gets a new one. Per row,
+            # gen_random_uuid() cost about 1.3 us of a claimed row's 7.
+            lease_token=select(func.gen_random_uuid()).scalar_subquery(),
             lease_expires_at=func.now() + bindparam("lease", type_=Interval),
             locked_by=bindparam("worker", type_=Text),
         )

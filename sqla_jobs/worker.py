@@ -1,7 +1,10 @@
 """The worker: wait -> claim a batch -> run handlers -> complete or fail, with a graceful stop.
 
 One fetch loop per process claims for all its handler slots at once, so a wakeup costs one claim
-however many slots are idle (no thundering herd of empty claims). Handlers run as asyncio tasks;
+however many slots are idle (no thundering herd of empty claims). A busy worker runs a second one
+on a second connection, which claims while the first one's round trip is in flight: one backend
+runs a connection's statements one after another, and with short jobs the slots would otherwise
+wait for it. Handlers run as asyncio tasks;
 sync handlers run in a thread pool. Leases are kept alive by a separate thread
 (:mod:`sqla_jobs._leases`), wakeups come from a dedicated LISTEN connection in a thread of its own
 (:mod:`sqla_jobs._listener`), and polling every ``poll_interval`` is the floor. An idle worker lets
@@ -26,7 +29,7 @@ import time
 import traceback
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -62,11 +65,16 @@ _SHORT_JOB = 0.05
 #: The automatic prefetch holds about this much work per slot (seconds of average run time)...
 _PREFETCH_HORIZON = 0.1
 #: ... and at most this many jobs.
-_PREFETCH_CAP = 256
+_PREFETCH_CAP = 512
+#: ... and a claim asks for at most this many of them: two claims of a busy worker can be in flight
+#: at once (see _Lane), each short enough for the server to answer in about a millisecond.
+_CLAIM_CAP = 128
 #: How long prefetched jobs may wait for a free slot before they go back to the queue.
 _BUFFER_MAX_WAIT = 1.0
 #: A slot yields to the event loop at least once per this many jobs.
 _YIELD_EVERY = 16
+#: Claim connections of a busy worker: a second round trip goes out while the first is in flight.
+_LANES = 2
 
 
 class HandlerTimeout(Exception):
@@ -80,6 +88,21 @@ class _Finished:
     error: str | None = None
     dead: bool = False
     backoff: Backoff = DEFAULT_BACKOFF
+
+
+@dataclass(eq=False)
+class _Lane:
+    """A claim connection and its fetch loop. Lane 0 is the worker's first connection; lane ``k``
+    opens (lazily) and starts a round trip only while ``k`` others are in flight, so an idle or
+    lightly loaded worker uses one connection and a busy one keeps the server's work on several
+    backends at once (one backend runs a worker's claims one after another)."""
+
+    index: int
+    conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+    #: Outcomes the round trip in flight carries: still this worker's jobs until written.
+    writing: list[_Finished] = field(default_factory=list)
+    #: Jobs claimed on this lane so far.
+    claimed: int = 0
 
 
 def _pg_array(values: list[Any]) -> str:
@@ -103,9 +126,10 @@ class Worker:
     every ``heartbeat`` (default a third of the lease) while it runs; an expired lease is reaped by
     any worker and the job runs again (at-least-once). Up to ``prefetch`` claimed jobs wait
     locally for a free slot, so a busy worker claims and completes in batches, one round trip per
-    batch; they are leased like running jobs, given back if they cannot start within a second, and
-    at shutdown. By default the prefetch is automatic while handlers take under 50 ms on average
-    (none otherwise): what the slots finish in about 0.1 s at the average run time, at most 256.
+    batch (on a second connection too, opened once the first has a round trip in flight and the
+    slots want more); they are leased like running jobs, given back if they cannot start within a
+    second, and at shutdown. By default the prefetch is automatic while handlers take under 50 ms on average
+    (none otherwise): what the slots finish in about 0.1 s at the average run time, at most 512.
     ``listen=False`` is poll-only mode, for
     PgBouncer in transaction pooling; ``prepared_statements=False`` stops psycopg from preparing
     statements server-side on the worker's connections, which PgBouncer before 1.21 (or without
@@ -198,14 +222,14 @@ class Worker:
         self._avg_runtime: float | None = None
         self._last_claim = 0.0
         self._finished: list[_Finished] = []
-        #: Outcomes a write in flight carries: still this worker's jobs until written.
-        self._writing: list[_Finished] = []
-        #: A round trip (outcomes and/or a claim) is in flight: the fetch loop is waiting for it.
-        self._in_flight = False
+        self._lanes = [_Lane(i) for i in range(_LANES if concurrency > 1 else 1)]
+        #: Round trips (outcomes and/or a claim) in flight, one per busy lane.
+        self._in_flight = 0
+        #: Jobs the claims in flight may bring: counted against the room until they are taken.
+        self._reserved = 0
         self._stopping = False
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
         self._drained = False
         #: Bumped by every wakeup, so a claim can tell whether one arrived while it was in flight.
         self._wakeups = 0
@@ -268,7 +292,7 @@ class Worker:
         if signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._on_signal, sig)
-        self._conn = await self._connect()
+        self._lanes[0].conn = await self._connect(self._lanes[0])
         self.leases = LeaseKeeper(
             conninfo=self.conninfo,
             application_name=self._app_name("leases"),
@@ -303,7 +327,7 @@ class Worker:
         )
         self.started.set()
         try:
-            await self._fetch_loop()
+            await self._fetch_loops()
             # First the listener: a claim its thread has in flight is delivered before the
             # shutdown gives back what was never started.
             await self._stop_listener()
@@ -338,14 +362,40 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------------
 
-    async def _fetch_loop(self) -> None:
+    @property
+    def _conn(self) -> psycopg.AsyncConnection[tuple[object, ...]] | None:
+        """The first lane's connection (the one an idle worker claims on)."""
+        return self._lanes[0].conn
+
+    async def _fetch_loops(self) -> None:
+        """Run every lane's fetch loop until stopped; an unexpected error in one stops them all
+        (after their round trips in flight end) and is raised."""
+        loops = [
+            asyncio.create_task(self._fetch_loop(lane), name=f"sqla-jobs-fetch-{lane.index}")
+            for lane in self._lanes
+        ]
+        try:
+            _, pending = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
+        except BaseException:
+            # Cancelled (run() was): the loops go with it, as the one loop did before lanes.
+            for loop in loops:
+                loop.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            raise
+        if pending:
+            self.stop()
+            await asyncio.wait(pending)
+        for loop in loops:
+            loop.result()
+
+    async def _fetch_loop(self, lane: _Lane) -> None:
         assert self._wake is not None
         failures = 0
         while not self._stopping:
             self._wake.clear()
             self._start_buffered()
             try:
-                progressed = await self._step()
+                progressed = await self._step(lane)
                 failures = 0
             except CONNECTION_ERRORS as exc:
                 failures += 1
@@ -356,15 +406,21 @@ class Worker:
                     exc,
                     extra={"event": "conn_lost"},
                 )
-                await self._close()
+                await self._close(lane)
                 await self._sleep(delay)
-                try:
-                    self._conn = await self._connect()
-                except CONNECTION_ERRORS:
-                    pass
+                if lane.index == 0:
+                    try:
+                        lane.conn = await self._connect(lane)
+                    except CONNECTION_ERRORS:
+                        pass
                 continue
             self._start_buffered()
             if progressed:
+                continue
+            if lane.index:
+                # Only lane 0 parks, polls and keeps the timers: the others act while it is busy,
+                # woken by what ends its idleness (a job's end, a wakeup).
+                await self._sleep(self.config.poll_interval)
                 continue
             self._park()
             await self._sleep(self._wait_seconds())
@@ -375,7 +431,7 @@ class Worker:
     def _room(self) -> int:
         # Jobs this worker may still take on. Finished-but-unwritten ones do not count: their
         # outcomes are written ahead of the claim, in the same round trip.
-        held = len(self._active) + len(self._buffer)
+        held = len(self._active) + len(self._buffer) + self._reserved
         return self.config.concurrency + self._prefetch_n - held
 
     def _prefetch(self) -> int:
@@ -387,7 +443,7 @@ class Worker:
         # from it, and jobs waiting behind them would only be given back (two more row versions
         # each).
         self._prefetch_n = config.prefetch if config.prefetch is not None else self._auto_prefetch
-        self._limit = config.batch_size or (config.concurrency + self._prefetch_n)
+        self._limit = config.batch_size or (config.concurrency + min(_CLAIM_CAP, self._prefetch_n))
 
     def _size_prefetch(self, avg_runtime: float) -> None:
         # Auto: hold what the slots finish in about _PREFETCH_HORIZON, up to _PREFETCH_CAP (no-op
@@ -415,8 +471,11 @@ class Worker:
             return max(0.0, self._last_claim + self.config.poll_interval - time.monotonic())
         return self.config.poll_interval
 
-    async def _step(self) -> bool:
-        """Write outcomes and/or claim, when worth a round trip; True if it claimed a full batch."""
+    async def _step(self, lane: _Lane) -> bool:
+        """Write outcomes and/or claim on ``lane``, when worth a round trip; True if it claimed a
+        full batch."""
+        if lane.index > self._in_flight:
+            return False  # the lanes before it are free: theirs to do
         room = self._room()
         want_claim = self._want_claim(room)
         stale = bool(self._buffer) and time.monotonic() - self._buffered_at > _BUFFER_MAX_WAIT
@@ -429,13 +488,14 @@ class Worker:
         if stale:
             # Prefetched jobs that could not start in time go back to the queue for idle
             # workers, instead of waiting behind this worker's long-running handlers.
-            await self._release(list(self._buffer))
+            stale_jobs = list(self._buffer)
             self._buffer.clear()
+            await self._release(stale_jobs, lane)
         if not (want_claim or want_flush):
             return False
         limit = min(room, self._claim_limit()) if want_claim else 0
         wakeups = self._wakeups
-        claimed = await self._write_and_claim(limit)
+        claimed = await self._write_and_claim(limit, lane)
         if want_claim:
             self._last_claim = time.monotonic()
             # Fewer than asked: the queue is empty for now. Until a NOTIFY or the poll timer says
@@ -455,9 +515,10 @@ class Worker:
             len(self._buffer) <= self._prefetch_n // 2
             and not self._drained
             and not self._thread_claim
+            and self._in_flight < len(self._lanes)
             and room > 0
             and len(self._active) < self.config.concurrency
-            and (room >= self._limit // 2 or not self._active)
+            and (room >= self._limit // 2 or not (self._active or self._buffer or self._reserved))
         )
 
     def _loop_has_work(self) -> bool:
@@ -499,16 +560,19 @@ class Worker:
                 # when the fetch loop has work (a claim or a write to send) and is not already
                 # waiting for a round trip, and every few jobs (which also lets a round trip's
                 # result in). Not after every job: each yield is a turn of the event loop.
-                if (wake.is_set() and not self._in_flight) or ran % _YIELD_EVERY == 0:
+                if (
+                    wake.is_set() and self._in_flight < len(self._lanes)
+                ) or ran % _YIELD_EVERY == 0:
                     await asyncio.sleep(0)
         finally:
             self._slot_tasks.discard(task)
 
-    async def _release(self, jobs: list[ClaimedJob]) -> None:
-        """Give claimed jobs back: pending again, the claim's attempt undone, not a failure."""
+    async def _release(self, jobs: list[ClaimedJob], lane: _Lane | None = None) -> None:
+        """Give claimed jobs back (on ``lane``, default the first): pending again, the claim's
+        attempt undone, not a failure."""
         if not jobs:
             return
-        conn = await self._db()
+        conn = await self._db(lane or self._lanes[0])
         cur = await conn.execute(
             self._sql.release.sql,
             self._sql.release.params(
@@ -548,6 +612,7 @@ class Worker:
             or self._stopping
             or not self._drained
             or self._thread_claim
+            or self._in_flight
             or self._active
             or self._buffer
             or self._finished
@@ -635,13 +700,13 @@ class Worker:
             listener.stop()
             await asyncio.to_thread(listener.join, 10)
 
-    async def _connect(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
+    async def _connect(self, lane: _Lane) -> psycopg.AsyncConnection[tuple[object, ...]]:
         conn = await psycopg.AsyncConnection.connect(
             self.conninfo,
             **KEEPALIVES,
             autocommit=True,
             connect_timeout=10,
-            application_name=self._app_name("claim"),
+            application_name=self._app_name(f"claim{lane.index + 1}" if lane.index else "claim"),
             prepare_threshold=self._prepare_threshold,
         )
         # Claimed payloads (and steps) arrive as jsonb text, decoded by pydantic in _run_job: a
@@ -650,27 +715,39 @@ class Worker:
         conn.adapters.register_loader("jsonb", TextLoader)
         return conn
 
-    async def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        await aclose_quietly(conn)
+    async def _close(self, lane: _Lane | None = None) -> None:
+        """Close ``lane``'s connection (default: every lane's)."""
+        for each in [lane] if lane is not None else self._lanes:
+            conn, each.conn = each.conn, None
+            await aclose_quietly(conn)
 
-    async def _db(self) -> psycopg.AsyncConnection[tuple[object, ...]]:
-        if self._conn is None or self._conn.closed:
-            self._conn = await self._connect()
-        return self._conn
+    async def _db(self, lane: _Lane) -> psycopg.AsyncConnection[tuple[object, ...]]:
+        if lane.conn is None or lane.conn.closed:
+            lane.conn = await self._connect(lane)
+        return lane.conn
 
-    async def _write_and_claim(self, limit: int) -> int:
-        """Write the finished jobs' outcomes and claim up to ``limit`` jobs, in one round trip
-        (a psycopg pipeline: each statement still commits on its own)."""
+    async def _write_and_claim(self, limit: int, lane: _Lane | None = None) -> int:
+        """Write the finished jobs' outcomes and claim up to ``limit`` jobs on ``lane`` (default
+        the first), in one round trip (a psycopg pipeline: each statement still commits on its
+        own)."""
+        lane = lane or self._lanes[0]
+        self._in_flight += 1
+        self._reserved += limit
+        try:
+            return await self._round_trip(limit, lane)
+        finally:
+            self._in_flight -= 1
+            self._reserved -= limit
+
+    async def _round_trip(self, limit: int, lane: _Lane) -> int:
         queues = self.config.queues
         first = queues[self._queue_turn % len(queues)]
         self._queue_turn += 1
         batch, self._finished = self._finished, []
-        self._writing = batch
-        self._in_flight = True
+        lane.writing = batch
         try:
             # Inside the try: a reconnect that fails must not drop the outcomes it was to write.
-            conn = await self._db()
+            conn = await self._db(lane)
             if batch:
                 async with conn.pipeline():
                     done, done_cur, fail_curs, claim_cur = await self._send(
@@ -686,8 +763,7 @@ class Worker:
             self._finished = batch + self._finished
             raise
         finally:
-            self._writing = []
-            self._in_flight = False
+            lane.writing = []
         if done_cur is not None:
             self._count_done(len(done), len(await done_cur.fetchall()))
         for f, cur in fail_curs:
@@ -711,9 +787,14 @@ class Worker:
                     break
                 claimed += await self._claim_keyed(conn, queue, limit - claimed)
         self.counts["claimed"] += claimed
+        lane.claimed += claimed
         if self._give_back:
-            await self._release(self._give_back)
-            self._give_back = []
+            give_back, self._give_back = self._give_back, []
+            try:
+                await self._release(give_back, lane)
+            except BaseException:
+                self._give_back = give_back + self._give_back
+                raise
         return claimed
 
     async def _send(
@@ -963,7 +1044,8 @@ class Worker:
         # Called from the lease thread: copy, the dict changes under the event loop.
         held = {job_id: entry[0].lease_token for job_id, entry in list(self._active.items())}
         held.update((j.id, j.lease_token) for j in [*self._buffer, *self._give_back])
-        held.update((f.job.id, f.job.lease_token) for f in [*self._writing, *self._finished])
+        writing = [f for lane in self._lanes for f in lane.writing]
+        held.update((f.job.id, f.job.lease_token) for f in [*writing, *self._finished])
         return held
 
     def _lost(self, ids: set[int]) -> None:

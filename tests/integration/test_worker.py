@@ -181,11 +181,13 @@ def insert_raw(engine: Engine, kind: str, payload: str, **columns: Any) -> int:
 
 
 def job_row(engine: Engine, job_id: int) -> Row[Any] | None:
-    """The job's row with ``due_in`` (seconds from the database's now() to run_at)."""
+    """The job's row with ``due_in`` (seconds from the database's clock to run_at). The clock is
+    read while the statement runs: now() is the transaction's start, which can precede a write
+    the statement's later snapshot sees (due_in would then exceed the delay just written)."""
     with engine.connect() as conn:
         return conn.execute(
             text(
-                "SELECT *, extract(epoch FROM run_at - now())::float AS due_in "
+                "SELECT *, extract(epoch FROM run_at - clock_timestamp())::float AS due_in "
                 "FROM sqla_jobs_job WHERE id = :id"
             ),
             {"id": job_id},
@@ -576,7 +578,7 @@ def test_no_more_than_concurrency_handlers_run_at_once_whether_or_not_they_await
 
 @pytest.mark.parametrize(
     ("avg_runtime", "prefetch"),
-    [(1e-6, 256), (0.0005, 256), (0.01, 40), (0.05, 8), (0.051, 0), (3.0, 0)],
+    [(1e-6, 512), (0.0005, 512), (0.01, 40), (0.05, 8), (0.051, 0), (3.0, 0)],
 )
 def test_the_automatic_prefetch_holds_about_a_tenth_of_a_second_of_work(
     avg_runtime: float, prefetch: int
@@ -585,8 +587,11 @@ def test_the_automatic_prefetch_holds_about_a_tenth_of_a_second_of_work(
     jobs.register("work", Ping, lambda args, ctx: None)
     worker = Worker(jobs, NOWHERE, concurrency=4)
     assert worker._prefetch() == 0  # nothing measured yet: no prefetch
+    assert worker._claim_limit() == 4
     worker._size_prefetch(avg_runtime)
     assert worker._prefetch() == prefetch
+    # A claim asks for the free slots and at most 128 more: two claims fit in a big prefetch.
+    assert worker._claim_limit() == 4 + min(prefetch, 128)
     fixed = Worker(jobs, NOWHERE, concurrency=4, prefetch=7)
     fixed._size_prefetch(avg_runtime)
     assert fixed._prefetch() == 7
@@ -996,6 +1001,102 @@ def test_worker_recovers_when_its_claim_connection_is_terminated(
     assert set(executions) == set(ids), "a job was lost"
     assert max(executions.values()) == 1, "a completion was lost and the job ran again"
     assert worker.counts["done"] == 40
+
+
+# -- a busy worker's second claim connection ----------------------------------------------------------
+
+
+class PeakHeld(Worker):
+    """Records the most jobs the worker held (running and buffered) just after a claim."""
+
+    peak = 0
+
+    def _take(self, rows: list[Any]) -> int:
+        taken = super()._take(rows)
+        self.peak = max(self.peak, len(self._active) + len(self._buffer))
+        return taken
+
+
+def roles_of(engine: Engine, worker: Worker) -> list[str]:
+    """The roles (claim, claim2, listen, ...) of ``worker``'s open connections."""
+    with engine.connect() as conn:
+        names = conn.execute(
+            text("SELECT application_name FROM pg_stat_activity WHERE application_name LIKE :n"),
+            {"n": f"sqla-jobs % {worker.name}"},
+        ).scalars()
+        return sorted(n.split()[1] for n in names)
+
+
+def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    executions: Counter[int] = Counter()
+
+    @jobs.kind("ping", Ping)
+    async def ping(args: Ping, ctx: JobContext) -> None:
+        executions[ctx.job_id] += 1
+
+    idle = Worker(jobs, migrated_url, concurrency=4, poll_interval=0.2, name="idle")
+    with running(idle):
+        (one,) = enqueue(clean, jobs, [Ping(n=0)])
+        wait_until(lambda: count(clean) == 0, "the one job done")
+        assert roles_of(clean, idle).count("claim2") == 0
+    assert idle._lanes[1].conn is None, "one job needs no second connection"
+    assert idle._lanes[1].claimed == 0
+
+    busy = PeakHeld(jobs, migrated_url, concurrency=4, poll_interval=0.2, name="busy")
+    with running(busy):
+        ids = enqueue(clean, jobs, [Ping(n=i) for i in range(6000)])
+        wait_until(lambda: count(clean) == 0, "all 6000 jobs done", timeout=60)
+        assert "claim2" in roles_of(clean, busy)
+    assert busy._lanes[1].claimed > 0, "the second lane never claimed"
+    assert set(executions) == {one, *ids}
+    assert max(executions.values()) == 1, "a job ran twice"
+    assert busy.counts["done"] == 6000
+    # Two claims in flight at once still share the worker's room: slots plus the largest prefetch.
+    assert busy.peak <= 4 + 512, busy.peak
+
+
+def test_claims_in_flight_on_both_connections_never_take_more_than_the_room(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+
+    @jobs.kind("ping", Ping)
+    async def ping(args: Ping, ctx: JobContext) -> None:
+        await asyncio.sleep(0.001)
+
+    worker = PeakHeld(jobs, migrated_url, concurrency=4, prefetch=60, poll_interval=0.2)
+    with running(worker):
+        enqueue(clean, jobs, [Ping(n=i) for i in range(3000)])
+        wait_until(lambda: count(clean) == 0, "all 3000 jobs done", timeout=60)
+    assert worker.counts["done"] == 3000
+    assert 0 < worker.peak <= 4 + 60, worker.peak
+
+
+def test_a_killed_second_claim_connection_loses_no_job(clean: Engine, migrated_url: str) -> None:
+    jobs = Jobs()
+    executions: Counter[int] = Counter()
+
+    @jobs.kind("ping", Ping)
+    async def ping(args: Ping, ctx: JobContext) -> None:
+        executions[ctx.job_id] += 1
+        await asyncio.sleep(0.0005)
+
+    worker = Worker(jobs, migrated_url, concurrency=4, lease=3.0, heartbeat=0.5, poll_interval=0.2)
+    with running(worker):
+        ids = enqueue(clean, jobs, [Ping(n=i) for i in range(6000)])
+        (pid,) = wait_until(lambda: backend_pids(clean, role="claim2"), "the second connection")
+        terminate(clean, pid)
+        wait_until(lambda: count(clean) == 0, "all jobs done after the kill", timeout=60)
+        wait_until(
+            lambda: [p for p in backend_pids(clean, role="claim2") if p != pid],
+            "a new second connection",
+        )
+    assert set(executions) == set(ids), "a job was lost"
+    # At least once: only a claim in flight on the killed connection may run again (reaped).
+    assert sum(n - 1 for n in executions.values()) <= worker.config.concurrency + 512
 
 
 # -- configuration ----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ running AS MATERIALIZED
 FROM sqla_jobs_job 
 WHERE sqla_jobs_job.state = 'running' AND sqla_jobs_job.concurrency_key = any(%(keys)s::TEXT[]) GROUP BY sqla_jobs_job.concurrency_key), 
 claimed AS 
-(UPDATE sqla_jobs_job SET state='running', attempts=(sqla_jobs_job.attempts + %(attempts_1)s::INTEGER), lease_token=gen_random_uuid(), lease_expires_at=(now() + %(lease)s), locked_by=%(worker)s::VARCHAR WHERE sqla_jobs_job.id = any(array((SELECT ranked.id 
+(UPDATE sqla_jobs_job SET state='running', attempts=(sqla_jobs_job.attempts + %(attempts_1)s::INTEGER), lease_token=(SELECT gen_random_uuid() AS gen_random_uuid_1), lease_expires_at=(now() + %(lease)s), locked_by=%(worker)s::VARCHAR WHERE sqla_jobs_job.id = any(array((SELECT ranked.id 
 FROM ranked LEFT OUTER JOIN running ON running.concurrency_key = ranked.concurrency_key 
 WHERE ranked.rank <= ranked.concurrency_limit - coalesce(running.n, %(coalesce_1)s::INTEGER) ORDER BY ranked.priority, ranked.run_at, ranked.id 
  LIMIT %(limit)s::BIGINT))) AND sqla_jobs_job.state = 'pending' RETURNING sqla_jobs_job.id, sqla_jobs_job.queue, sqla_jobs_job.kind, sqla_jobs_job.payload, sqla_jobs_job.priority, sqla_jobs_job.attempts, sqla_jobs_job.max_attempts, sqla_jobs_job.crashes, sqla_jobs_job.max_crashes, sqla_jobs_job.lease_token, sqla_jobs_job.created_at, sqla_jobs_job.concurrency_key, sqla_jobs_job.steps, sqla_jobs_job.run_at)
