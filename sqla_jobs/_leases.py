@@ -116,7 +116,9 @@ class LeaseKeeper(threading.Thread):
             self._connection()
             .execute(
                 self._sql.heartbeat.sql,
-                self._sql.heartbeat.params(ids=ids, tokens=list(held.values()), lease=self._lease),
+                self._sql.heartbeat.params(
+                    ids=ids, tokens=list(set(held.values())), lease=self._lease
+                ),
             )
             .fetchall()
         )

@@ -75,6 +75,8 @@ _BUFFER_MAX_WAIT = 1.0
 _YIELD_EVERY = 16
 #: Claim connections of a busy worker: a second round trip goes out while the first is in flight.
 _LANES = 2
+#: A lane other than the first sleeps until woken, or this long (seconds).
+_IDLE_LANE_WAIT = 3600.0
 
 
 class HandlerTimeout(Exception):
@@ -419,8 +421,9 @@ class Worker:
                 continue
             if lane.index:
                 # Only lane 0 parks, polls and keeps the timers: the others act while it is busy,
-                # woken by what ends its idleness (a job's end, a wakeup).
-                await self._sleep(self.config.poll_interval)
+                # woken by what gives them something to do (a job's end, a wakeup, stop()). No
+                # timer of their own: it would wake lane 0 too, out of its park.
+                await self._sleep(_IDLE_LANE_WAIT)
                 continue
             self._park()
             await self._sleep(self._wait_seconds())
@@ -576,7 +579,7 @@ class Worker:
         cur = await conn.execute(
             self._sql.release.sql,
             self._sql.release.params(
-                ids=[j.id for j in jobs], tokens=[j.lease_token for j in jobs]
+                ids=[j.id for j in jobs], tokens=list({j.lease_token for j in jobs})
             ),
         )
         released = len(await cur.fetchall())
@@ -821,7 +824,7 @@ class Worker:
                 stmt.sql,
                 stmt.params(
                     ids=_pg_array([j.id for j in done]),
-                    tokens=_pg_array([j.lease_token for j in done]),
+                    tokens=_pg_array(list({j.lease_token for j in done})),
                 ),
             )
         fail_curs = [
