@@ -168,7 +168,8 @@ class JobHistory(Base):
 
 
 #: Storage parameters of the queue table. The default autovacuum_vacuum_scale_factor (0.2) waits
-#: until a fifth of the table is dead; on a hot queue table that is far too patient.
+#: until a fifth of the table is dead; on a hot queue table that is far too patient. fillfactor
+#: leaves room on each page for the claim's new row versions (revision sqla_jobs_0002).
 JOB_TABLE_STORAGE: dict[str, str] = {
     "autovacuum_vacuum_scale_factor": "0.02",
     "autovacuum_vacuum_threshold": "200",
@@ -176,6 +177,8 @@ JOB_TABLE_STORAGE: dict[str, str] = {
     "autovacuum_analyze_scale_factor": "0.05",
     "autovacuum_vacuum_cost_limit": "2000",
     "autovacuum_vacuum_cost_delay": "1",
+    # Last: the order the two revisions set them in (pg_class.reloptions keeps it).
+    "fillfactor": "70",
 }
 
 

@@ -52,6 +52,8 @@ SCHEMA = "jobsschema"
 MODEL_COPY = "model_copy"
 #: Nothing listens here: a command that tried to connect would fail.
 UNREACHABLE_URL = "postgresql://nobody@127.0.0.1:1/nowhere"
+#: The newest shipped revision.
+HEAD = "sqla_jobs_0002"
 
 
 @pytest.fixture
@@ -116,6 +118,7 @@ def test_upgrade_head_creates_tables_partial_indexes_checks_and_storage_paramete
     assert "char_length(last_error) <= 500" in checks["sqla_jobs_job_last_error_check"]
     storage = dict(found["storage"])
     for option in (
+        "fillfactor=70",
         "autovacuum_vacuum_scale_factor=0.02",
         "autovacuum_vacuum_threshold=200",
         "autovacuum_vacuum_insert_scale_factor=0.05",
@@ -125,7 +128,7 @@ def test_upgrade_head_creates_tables_partial_indexes_checks_and_storage_paramete
     ):
         assert option in storage["sqla_jobs_job"]
     assert storage["sqla_jobs_history"] is None
-    assert version_rows(scratch_url) == {"sqla_jobs_0001"}
+    assert version_rows(scratch_url) == {HEAD}
 
 
 def test_downgrade_base_removes_every_sqla_jobs_object_and_upgrade_works_again(
@@ -167,7 +170,7 @@ def test_upgrade_head_a_second_time_is_a_noop_that_executes_no_ddl(scratch_url: 
     assert [s for s in executed if not s.startswith("SELECT")] == []
     with connect(scratch_url) as conn:
         assert catalog(conn, "public") == before
-    assert version_rows(scratch_url) == {"sqla_jobs_0001"}
+    assert version_rows(scratch_url) == {HEAD}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,6 +222,30 @@ def test_model_and_migrations_produce_the_same_columns_constraints_and_indexes(
         assert migrated[part] == model[part], part
 
 
+def test_0002_leaves_room_on_each_page_of_a_table_that_already_holds_jobs(
+    scratch_url: str,
+) -> None:
+    cfg = alembic_config(scratch_url)
+    command.upgrade(cfg, "sqla_jobs_0001")
+    with connect(scratch_url) as conn:
+        conn.execute(text("INSERT INTO sqla_jobs_job (kind, payload) VALUES ('k', '{}')"))
+
+    def storage() -> str:
+        with connect(scratch_url) as conn:
+            return str(dict(catalog(conn, "public")["storage"])["sqla_jobs_job"])
+
+    assert "fillfactor" not in storage()
+    command.upgrade(cfg, "head")
+    assert "fillfactor=70" in storage()
+    assert "autovacuum_vacuum_scale_factor=0.02" in storage()
+    with connect(scratch_url) as conn:
+        assert conn.execute(text("SELECT count(*) FROM sqla_jobs_job")).scalar() == 1
+    command.downgrade(cfg, "sqla_jobs_0001")
+    assert "fillfactor" not in storage()
+    assert "autovacuum_vacuum_scale_factor=0.02" in storage()
+    assert version_rows(scratch_url) == {"sqla_jobs_0001"}
+
+
 def test_model_declares_the_storage_parameters_the_migration_sets(scratch_url: str) -> None:
     migrated, model = migrated_and_model_catalogs(scratch_url)
 
@@ -253,6 +280,8 @@ def test_upgrade_sql_renders_plain_ddl_without_connecting() -> None:
     )
     assert "ALTER TABLE sqla_jobs_job SET (autovacuum_vacuum_scale_factor = 0.02" in sql
     assert "INSERT INTO alembic_version (version_num) VALUES ('sqla_jobs_0001')" in sql
+    assert "ALTER TABLE sqla_jobs_job SET (fillfactor = 70)" in sql
+    assert f"UPDATE alembic_version SET version_num='{HEAD}'" in sql
 
 
 def test_rendered_sql_applied_by_hand_builds_the_same_schema_as_online_upgrade(
@@ -285,7 +314,7 @@ def test_sql_rendered_for_a_schema_leaves_the_database_where_online_upgrade_expe
 
     command.upgrade(cfg, "head")
 
-    assert version_rows(scratch_url, SCHEMA) == {"sqla_jobs_0001"}
+    assert version_rows(scratch_url, SCHEMA) == {HEAD}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,7 +373,7 @@ def test_user_recipe_upgrades_heads_autogenerates_nothing_and_downgrades_only_sq
         "public.sqla_jobs_history",
         "public.alembic_version",
     }
-    assert version_rows(scratch_url) == {"myapp_0001", "sqla_jobs_0001"}
+    assert version_rows(scratch_url) == {"myapp_0001", HEAD}
     names = constraint_names(scratch_url)
     assert names >= OUR_CONSTRAINTS
     assert names >= {"pk_invoice", "ck_invoice_amount_not_negative"}
@@ -451,7 +480,7 @@ def test_path_separator_space_loses_the_users_revisions_when_the_path_has_a_spac
     assert "myapp_0001" not in alembic(spaced, "heads").stdout
     heads = alembic(newline, "heads").stdout
     assert "myapp_0001 (myapp) (head)" in heads
-    assert "sqla_jobs_0001 (sqla_jobs) (head)" in heads
+    assert f"{HEAD} (sqla_jobs) (head)" in heads
 
 
 def test_downgrade_keeps_index_names_under_a_host_convention_naming_indexes_by_constraint_name(
