@@ -130,8 +130,9 @@ class Worker:
     locally for a free slot, so a busy worker claims and completes in batches, one round trip per
     batch (on a second connection too, opened once the first has a round trip in flight and the
     slots want more); they are leased like running jobs, given back if they cannot start within a
-    second, and at shutdown. By default the prefetch is automatic while handlers take under 50 ms on average
-    (none otherwise): what the slots finish in about 0.1 s at the average run time, at most 512.
+    second, and at shutdown. By default the prefetch is automatic while handlers take under 50 ms
+    on average (none otherwise): what the slots finish in about 0.1 s at the average run time, at
+    most 512.
     ``listen=False`` is poll-only mode, for
     PgBouncer in transaction pooling; ``prepared_statements=False`` stops psycopg from preparing
     statements server-side on the worker's connections, which PgBouncer before 1.21 (or without
@@ -491,9 +492,15 @@ class Worker:
         if stale:
             # Prefetched jobs that could not start in time go back to the queue for idle
             # workers, instead of waiting behind this worker's long-running handlers.
+            # Taken out first: the other lane may buffer new claims while this release waits.
             stale_jobs = list(self._buffer)
             self._buffer.clear()
-            await self._release(stale_jobs, lane)
+            try:
+                await self._release(stale_jobs, lane)
+            except BaseException:
+                # Not given back: still this worker's (heartbeated), released on the next step.
+                self._buffer.extendleft(reversed(stale_jobs))
+                raise
         if not (want_claim or want_flush):
             return False
         limit = min(room, self._claim_limit()) if want_claim else 0

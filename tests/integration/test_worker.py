@@ -631,6 +631,39 @@ def test_stop_lets_running_handlers_finish_and_claims_nothing_more(
     assert sorted(tuple(r) for r in left) == [("pending", 0), ("pending", 0)]
 
 
+def test_prefetched_jobs_that_cannot_start_within_a_second_go_back_to_the_queue(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    runs = Runs()
+    may_finish = threading.Event()
+
+    @jobs.kind("work", Ping)
+    def work(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+        may_finish.wait(DEADLINE)
+
+    worker = Worker(jobs, migrated_url, concurrency=1, prefetch=5, poll_interval=0.2)
+    try:
+        with running(worker):
+            enqueue(clean, jobs, [Ping(n=i) for i in range(6)])
+            runs.wait_for(lambda rs: len(rs) == 1, "the one slot busy")
+            # The other five were claimed with it; stuck behind the busy slot, they go back.
+            wait_until(lambda: worker.counts["released"] == 5, "the prefetched five given back")
+            with clean.connect() as conn:
+                left = conn.execute(
+                    text("SELECT state, attempts FROM sqla_jobs_job WHERE state <> 'running'")
+                ).all()
+            assert sorted(tuple(r) for r in left) == [("pending", 0)] * 5
+            assert count(clean, "state = 'running'") == 1
+            may_finish.set()
+            wait_until(lambda: count(clean) == 0, "all six done once the slot is free")
+    finally:
+        may_finish.set()
+    assert worker.counts["done"] == 6
+    assert len(runs.all) == 6
+
+
 @pytest.mark.parametrize("style", ["async", "sync"])
 def test_a_handler_still_running_at_the_shutdown_timeout_is_released_not_failed(
     clean: Engine, migrated_url: str, style: str
