@@ -145,6 +145,21 @@ class Runs:
             return list(self._runs)
 
 
+def held_kind(name: str) -> tuple[Jobs, Runs, threading.Event]:
+    """A ``Jobs`` with one sync kind ``name`` whose handler records its run, then holds its slot
+    until the returned event is set (or DEADLINE passes)."""
+    jobs = Jobs()
+    runs = Runs()
+    may_finish = threading.Event()
+
+    @jobs.kind(name, Ping)
+    def hold(args: Ping, ctx: JobContext) -> None:
+        runs.record(args, ctx)
+        may_finish.wait(DEADLINE)
+
+    return jobs, runs, may_finish
+
+
 class Ping(BaseModel):
     n: int = 0
 
@@ -514,14 +529,7 @@ def test_a_worker_that_lost_its_lease_cannot_complete_the_job_another_worker_rec
 def test_a_completion_rejected_by_the_lease_fence_is_not_counted_as_done(
     clean: Engine, migrated_url: str
 ) -> None:
-    jobs = Jobs()
-    runs = Runs()
-    may_finish = threading.Event()
-
-    @jobs.kind("hold", Ping)
-    def hold(args: Ping, ctx: JobContext) -> None:
-        runs.record(args, ctx)
-        may_finish.wait(DEADLINE)
+    jobs, runs, may_finish = held_kind("hold")
 
     worker = Worker(jobs, migrated_url, concurrency=1, poll_interval=0.2)
     try:
@@ -600,14 +608,7 @@ def test_the_automatic_prefetch_holds_about_a_tenth_of_a_second_of_work(
 def test_stop_lets_running_handlers_finish_and_claims_nothing_more(
     clean: Engine, migrated_url: str
 ) -> None:
-    jobs = Jobs()
-    runs = Runs()
-    may_finish = threading.Event()
-
-    @jobs.kind("work", Ping)
-    def work(args: Ping, ctx: JobContext) -> None:
-        runs.record(args, ctx)
-        may_finish.wait(DEADLINE)
+    jobs, runs, may_finish = held_kind("work")
 
     worker = Worker(jobs, migrated_url, concurrency=4, poll_interval=0.2)
     wt = WorkerThread(worker)
@@ -634,14 +635,7 @@ def test_stop_lets_running_handlers_finish_and_claims_nothing_more(
 def test_prefetched_jobs_that_cannot_start_within_a_second_go_back_to_the_queue(
     clean: Engine, migrated_url: str
 ) -> None:
-    jobs = Jobs()
-    runs = Runs()
-    may_finish = threading.Event()
-
-    @jobs.kind("work", Ping)
-    def work(args: Ping, ctx: JobContext) -> None:
-        runs.record(args, ctx)
-        may_finish.wait(DEADLINE)
+    jobs, runs, may_finish = held_kind("work")
 
     worker = Worker(jobs, migrated_url, concurrency=1, prefetch=5, poll_interval=0.2)
     try:
@@ -1003,14 +997,7 @@ def test_a_listen_connection_killed_mid_claim_loses_no_job(
 def test_worker_recovers_when_its_claim_connection_is_terminated(
     clean: Engine, migrated_url: str
 ) -> None:
-    jobs = Jobs()
-    runs = Runs()
-    may_finish = threading.Event()
-
-    @jobs.kind("step", Ping)
-    def step(args: Ping, ctx: JobContext) -> None:
-        runs.record(args, ctx)
-        may_finish.wait(DEADLINE)
+    jobs, runs, may_finish = held_kind("step")
 
     worker = Worker(jobs, migrated_url, concurrency=4, lease=3.0, heartbeat=0.5, poll_interval=0.2)
     try:
