@@ -936,11 +936,13 @@ def test_an_idle_worker_claims_on_its_listen_connection_when_notified(
         wait_until(_parked(worker), "the worker is idle")
         (job_id,) = enqueue(clean, jobs, [Pong()])
         runs.wait_for(lambda rs: [r.job_id for r in rs] == [job_id], "the job ran", timeout=3.0)
+        # Completed first: until its completion is written, the claim connection's last query is
+        # still the claim it made at start, before it parked.
+        wait_until(lambda: count(clean) == 0, "the job completed")
         # The claim ran on the LISTEN connection, in the listener's thread: no hop through the
         # event loop between the notification and the claim.
         assert len(backend_pids(clean, CLAIM_SQL, "listen")) == 1
         assert backend_pids(clean, CLAIM_SQL, "claim") == []
-        wait_until(lambda: count(clean) == 0, "the job completed")
         wait_until(_parked(worker), "the worker is idle again")
         (second,) = enqueue(clean, jobs, [Pong()])
         runs.wait_for(lambda rs: len(rs) == 2, "the second job ran", timeout=3.0)
