@@ -64,7 +64,8 @@ class Listener(threading.Thread):
         self._check_timeout = check_timeout
         self._max_backoff = max_backoff
         self.connected = threading.Event()
-        #: How many times the connection was (re)established; tests watch it.
+        #: How many times the connection was (re)established (counted after its first look, when
+        #: ``connected`` is set); tests watch it.
         self.connects = 0
         #: Failed attempts since the last successful connect: the backoff exponent.
         self._failures = 0
@@ -144,15 +145,16 @@ class Listener(threading.Thread):
     def _listen(self) -> None:
         conn = self._conn = self._connect()
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
-        self.connects += 1
+        # Anything enqueued before the LISTEN (or while we were away) was announced to nobody:
+        # look once. Only then are we connected: from then on, a NOTIFY finds us.
+        self._on_notify(conn, [])
+        self._notes.clear()
         # Connected again: the next loss starts the backoff over, however many came before.
         self._failures = 0
         self.connected.set()
+        self.connects += 1
         if self.connects > 1:
             log.info("LISTEN connection re-established", extra={"event": "listener_back"})
-        # Anything enqueued while we were away was announced to nobody: look once.
-        self._on_notify(conn, [])
-        self._notes.clear()
         # A selector, not select(): a descriptor past FD_SETSIZE (an application with a thousand
         # open files) is fine here.
         with selectors.DefaultSelector() as selector:

@@ -923,8 +923,24 @@ def _idle_listening_worker(jobs: Jobs, url: str, runs: Runs) -> Worker:
 
 
 def _parked(worker: Worker) -> Callable[[], bool]:
-    # The fetch loop sleeps with nothing held: a NOTIFY now is claimed by the listener's thread.
-    return lambda: worker._parked is not None
+    """The fetch loop sleeps with nothing held, and the listener is connected: a NOTIFY now is
+    claimed by the listener's thread.
+
+    The park must come after the wakeup the listener sends once it listens: the loop may park
+    before the listener connects (a NOTIFY then reaches nobody), and that wakeup then makes the
+    loop claim on its own connection (failed in CI when the LISTEN came late)."""
+
+    def ready() -> bool:
+        listener, parked = worker.listener, worker._parked
+        return (
+            listener is not None
+            and listener.connected.is_set()
+            and not worker._wake_pending
+            and parked is not None
+            and parked[1] == worker._wakeups
+        )
+
+    return ready
 
 
 def test_an_idle_worker_claims_on_its_listen_connection_when_notified(
