@@ -252,6 +252,15 @@ def copy_jobs(schema: str | None = None) -> TextClause:
     return text(f"COPY {job_table_name(schema)} ({columns}) FROM STDIN")
 
 
+#: SAVEPOINT, ROLLBACK TO and RELEASE of the savepoint around a COPY that validates its payloads as
+#: it goes: a bad one rolls the COPY back and leaves the caller's transaction usable.
+COPY_SAVEPOINT = (
+    "SAVEPOINT sqla_jobs_copy",
+    "ROLLBACK TO SAVEPOINT sqla_jobs_copy",
+    "RELEASE SAVEPOINT sqla_jobs_copy",
+)
+
+
 def job_table_name(schema: str | None = None) -> str:
     """The job table's name as SQL text, schema-qualified and quoted where needed: for ``COPY``
     and for the ``table`` parameter of :func:`reserve_job_ids`."""

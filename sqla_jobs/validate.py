@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -231,6 +231,11 @@ class Batch:
         self.concurrency_key += keys
         self.concurrency_limit += limits
 
+    def absorb(self, other: Batch) -> None:
+        """Append ``other``'s jobs after this batch's."""
+        for mine, theirs in zip(self.columns(), other.columns(), strict=True):
+            mine += theirs
+
     def columns(self) -> list[list[Any]]:
         """The lists in :data:`statements.BULK_COLUMNS` order."""
         return [getattr(self, name) for name in statements.BULK_COLUMNS]
@@ -244,9 +249,10 @@ def prepare_many(
     queue: str | None,
     priority: int | None,
     max_attempts: int | None,
+    first: int = 0,
 ) -> Batch:
     """:func:`prepare` for every payload, into one :class:`Batch`; no I/O. The first bad payload
-    or option raises, naming the payload's position.
+    or option raises, naming the payload's position (counted from ``first``).
 
     Payloads come in runs of one model: a run is serialized and validated back in one tight loop
     (for a small payload the per-payload Python around pydantic is most of the cost) and its
@@ -275,7 +281,7 @@ def prepare_many(
                 kind = registry.by_model(model)
                 entry = resolved[model] = (kind, *_options(kind, queue, priority, max_attempts))
         except EnqueueError as exc:
-            _at(exc, start)
+            _at(exc, first + start)
             raise
         run = items[start:stop]
         texts = (
@@ -283,12 +289,37 @@ def prepare_many(
         )
         if texts is None:
             for offset, payload in enumerate(run):
-                _append_one(batch, entry, payload, start + offset, max_bytes)
+                _append_one(batch, entry, payload, first + start + offset, max_bytes)
         else:
             none: list[Any] = [None] * len(texts)
             batch.extend(*entry, texts, none, none)
         start = stop
     return batch
+
+
+def prepare_chunks(
+    registry: Registry,
+    payloads: list[BaseModel],
+    *,
+    size: int,
+    max_bytes: int,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+) -> Iterator[Batch]:
+    """:func:`prepare_many` of ``payloads`` in slices of ``size``, each checked only when it is
+    asked for: enqueue_many validates the next slice while the server stores the last one. A bad
+    payload raises when its slice is reached, naming its position in ``payloads``."""
+    for start in range(0, len(payloads), size):
+        yield prepare_many(
+            registry,
+            payloads[start : start + size],
+            max_bytes=max_bytes,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            first=start,
+        )
 
 
 def _serialize_run(kind: Kind, run: list[BaseModel], max_bytes: int) -> list[str] | None:

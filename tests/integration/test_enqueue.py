@@ -40,7 +40,8 @@ from sqla_jobs import (
     UnknownKindError,
 )
 from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
-from sqla_jobs.enqueue import COPY_THRESHOLD
+from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD, enqueue_many
+from sqla_jobs.validate import Batch
 from tests.conftest import alembic_config
 
 UTC = timezone.utc
@@ -892,10 +893,12 @@ def test_enqueue_many_of_100_000_jobs_reserves_their_ids_in_one_statement_then_c
             session.commit()
     finally:
         event.remove(clean, "before_cursor_execute", record)
-    # Through SQLAlchemy: the id reservation and the wakeup; the rows went by COPY.
-    assert len(statements) == 2
+    # Through SQLAlchemy: the id reservation, the savepoint the COPY validates its later chunks
+    # in, and the wakeup; the rows went by COPY.
+    assert len(statements) == 4
     assert "nextval" in statements[0]
-    assert "pg_notify" in statements[1]
+    assert statements[1:3] == ["SAVEPOINT sqla_jobs_copy", "RELEASE SAVEPOINT sqla_jobs_copy"]
+    assert "pg_notify" in statements[3]
     assert not any(s.upper().startswith("INSERT") for s in statements)
     assert len(ids) == len(set(ids)) == count
     assert ids == sorted(ids)
@@ -967,6 +970,39 @@ def test_a_batch_sent_by_copy_is_stored_exactly_like_one_sent_by_insert(clean: E
     assert {r["concurrency_key"] for r in rows if r["kind"] == "account_sync"} == {
         f"acct\t{i}" for i in range(3)
     }
+
+
+def test_copy_escapes_raw_control_characters_and_backslashes_in_every_text_column(
+    clean: Engine,
+) -> None:
+    """enqueue_many formats COPY's text itself. pydantic never writes a raw tab or newline, but
+    JSON may hold them as whitespace, and a concurrency key may hold anything: a hand-built batch
+    with both, through the COPY path, is stored as written."""
+    payload = '{\n\t"a": "x\\\\y\\n",\r\n "b": [1,\t2]}'
+    key = "k\\N\t\r\n\\\\"
+    batch = Batch()
+    for n in range(COPY_THRESHOLD):
+        batch.extend(JOBS.by_model(Keyed), "other.q", -3, 7, [payload], [f"{key}{n}"], [n + 1])
+    with Session(clean) as session:
+        ids = enqueue_many(
+            session,
+            len(batch),
+            iter([batch]),
+            None,
+            timedelta(0),
+            schema=None,
+            channel=JOBS.channel,
+        )
+        session.commit()
+    rows = committed_rows(clean)
+    assert [r["id"] for r in rows] == ids
+    expected = {"a": "x\\y\n", "b": [1, 2]}
+    assert [
+        (r["queue"], r["kind"], r["payload"], r["priority"], r["max_attempts"]) for r in rows
+    ] == [("other.q", "keyed", expected, -3, 7)] * COPY_THRESHOLD
+    assert [(r["concurrency_key"], r["concurrency_limit"]) for r in rows] == [
+        (f"{key}{n}", n + 1) for n in range(COPY_THRESHOLD)
+    ]
 
 
 def test_a_copied_batch_takes_an_aware_run_at_as_the_same_instant(clean: Engine) -> None:
@@ -1124,6 +1160,72 @@ def test_enqueue_many_names_the_position_of_the_bad_payload(clean: Engine) -> No
         with pytest.raises(InvalidPayloadError, match=r"^payload 0: enqueue_many takes"):
             JOBS.enqueue_many(session, [{"n": 1}])  # type: ignore[list-item]
         session.rollback()
+
+
+def _streamed(bad: BaseModel, at: int, count: int) -> list[BaseModel]:
+    """``count`` payloads, of two queues, with ``bad`` at position ``at``: past the first chunk,
+    so the COPY has already sent the rows before it when ``bad`` is validated."""
+    assert CHUNK < at < count
+    payloads: list[BaseModel] = [Ping(n=n) if n % 2 else SendEmail(to=str(n)) for n in range(count)]
+    payloads[at] = bad
+    return payloads
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [(_ping_construct(n="x"), InvalidPayloadError), (Unregistered(n=1), UnknownKindError)],
+    ids=["invalid", "unknown kind"],
+)
+def test_a_bad_payload_met_during_the_copy_rolls_it_back_and_keeps_the_transaction(
+    clean: Engine, listener: Listener, bad: BaseModel, error: type[EnqueueError]
+) -> None:
+    """Past the first chunk, enqueue_many validates while its COPY runs: a bad payload there
+    aborts the COPY inside a savepoint, so what the transaction held before is kept, and it goes
+    on."""
+    at = CHUNK * 2 + 5
+    statements: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    event.listen(clean, "before_cursor_execute", record)
+    try:
+        with Session(clean) as session:
+            before = JOBS.enqueue(session, Account(account="acme")).id
+            with pytest.raises(error, match=rf"^payload {at}: "):
+                JOBS.enqueue_many(session, _streamed(bad, at, CHUNK * 3))
+            after = JOBS.enqueue_many(session, [Ping(n=n) for n in range(COPY_THRESHOLD)])
+            session.commit()
+    finally:
+        event.remove(clean, "before_cursor_execute", record)
+    assert "ROLLBACK TO SAVEPOINT sqla_jobs_copy" in statements
+    assert job_ids(clean) == [before, *after]
+    assert listener.received() == ["default"]
+
+
+def test_a_bad_payload_met_during_an_async_copy_rolls_it_back_and_keeps_the_transaction(
+    migrated_url: str, clean: Engine, listener: Listener
+) -> None:
+    at = CHUNK + 1
+
+    async def scenario() -> list[int]:
+        engine = create_async_engine(sqlalchemy_url(migrated_url), poolclass=NullPool)
+        try:
+            async with AsyncSession(engine) as session:
+                before = (await JOBS.enqueue_async(session, Account(account="acme"))).id
+                with pytest.raises(InvalidPayloadError, match=rf"^payload {at}: "):
+                    await JOBS.enqueue_many_async(
+                        session, _streamed(_ping_construct(n="x"), at, CHUNK * 2)
+                    )
+                after = await JOBS.enqueue_many_async(session, [Ping(n=1), Ping(n=2)])
+                await session.commit()
+                return [before, *after]
+        finally:
+            await engine.dispose()
+
+    kept = asyncio.run(scenario())
+    assert job_ids(clean) == kept
+    assert listener.received() == ["default"]
 
 
 def test_the_returned_job_is_the_row_as_the_database_stored_it(clean: Engine) -> None:
