@@ -1075,8 +1075,11 @@ def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
     async def ping(args: Ping, ctx: JobContext) -> None:
         executions[ctx.job_id] += 1
 
-    idle = Worker(jobs, migrated_url, concurrency=4, poll_interval=0.2, name="idle")
+    # No polling: a poll in flight when the NOTIFY comes lets the second lane claim the job (once
+    # failed in CI). Parked, the listener's thread claims it.
+    idle = Worker(jobs, migrated_url, concurrency=4, poll_interval=30.0, name="idle")
     with running(idle):
+        wait_until(_parked(idle), "the worker is idle")
         (one,) = enqueue(clean, jobs, [Ping(n=0)])
         wait_until(lambda: count(clean) == 0, "the one job done")
         assert roles_of(clean, idle).count("claim2") == 0
