@@ -174,19 +174,6 @@ _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\
 _COPY_NULL = "\\N"
 #: Rows per string handed to ``Copy.write`` (about 1 MB for small payloads).
 _COPY_CHUNK = 256
-# _copy_text writes the columns in this order, by name.
-assert statements.COPY_COLUMNS == (
-    "id",
-    "queue",
-    "kind",
-    "payload",
-    "priority",
-    "max_attempts",
-    "max_crashes",
-    "concurrency_key",
-    "concurrency_limit",
-    "run_at",
-)
 
 
 def _copy_text(batch: Batch, ids: list[int], run_at: datetime) -> Iterator[str]:
@@ -199,6 +186,7 @@ def _copy_text(batch: Batch, ids: list[int], run_at: datetime) -> Iterator[str]:
     tab or newline), and a concurrency key is any text.
     """
     when = run_at.isoformat()
+    # In statements.COPY_COLUMNS order: the id, the batch's columns, run_at.
     columns = batch.columns()
     for start in range(0, len(ids), _COPY_CHUNK):
         stop = start + _COPY_CHUNK
