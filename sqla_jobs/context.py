@@ -10,6 +10,7 @@ import asyncio
 import inspect
 import json
 import threading
+import time
 import typing
 import uuid
 from collections.abc import Callable
@@ -35,6 +36,7 @@ class ClaimedJob(NamedTuple):
     max_attempts: int
     crashes: int
     max_crashes: int
+    interruptions: int
     lease_token: uuid.UUID
     created_at: datetime
     concurrency_key: str | None
@@ -52,8 +54,12 @@ T = TypeVar("T")
 class JobContext:
     """What a handler knows about the job it runs.
 
-    ``attempt`` is 1 on the first run; a value above 1 (or ``crashes`` above 0) means the job ran
-    before, possibly to completion of its side effects: handlers must be idempotent.
+    ``attempt`` is 1 on the first run. :attr:`rerun` (``attempt`` above 1, ``crashes`` above 0, or
+    ``interruptions`` above 0) means the job ran before, possibly to completion of its side
+    effects: handlers must be idempotent. ``interruptions`` counts runs stopped at a worker's
+    shutdown and given back (they spend neither budget). ``deadline`` is when the kind's timeout
+    runs out, as a :func:`time.monotonic` value (None without a timeout): sync handlers, which
+    cannot be interrupted, should check it between steps of long work.
     ``lease_lost`` is set if the worker learns that another worker may now own the job; anything
     the handler still writes through sqla-jobs is then rejected by the lease fence.
     """
@@ -71,6 +77,17 @@ class JobContext:
     steps: dict[str, Any] = field(default_factory=dict)
     lease_token: uuid.UUID | None = field(default=None, repr=False)
     recorder: Recorder | None = field(default=None, repr=False)
+    interruptions: int = 0
+    deadline: float | None = None
+
+    @property
+    def rerun(self) -> bool:
+        """Whether an earlier run of this job may have done some of its work already."""
+        return self.attempt > 1 or self.crashes > 0 or self.interruptions > 0
+
+    def time_left(self) -> float | None:
+        """Seconds until :attr:`deadline` (negative once past it); None without a timeout."""
+        return None if self.deadline is None else self.deadline - time.monotonic()
 
     @property
     def lease_lost(self) -> threading.Event:
@@ -86,8 +103,15 @@ class JobContext:
         return event
 
     @classmethod
-    def for_job(cls, job: ClaimedJob, worker: str, recorder: Recorder | None) -> JobContext:
-        """The context of a job just claimed by ``worker``."""
+    def for_job(
+        cls,
+        job: ClaimedJob,
+        worker: str,
+        recorder: Recorder | None,
+        timeout: float | None = None,
+    ) -> JobContext:
+        """The context of a job just claimed by ``worker``, starting now (``timeout``: the kind's,
+        in seconds)."""
         steps = json.loads(job.steps) if isinstance(job.steps, str) else job.steps
         return cls(
             job_id=job.id,
@@ -101,6 +125,8 @@ class JobContext:
             steps=dict(steps or {}),
             lease_token=job.lease_token,
             recorder=recorder,
+            interruptions=job.interruptions,
+            deadline=None if timeout is None else time.monotonic() + timeout,
         )
 
     def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

@@ -49,7 +49,8 @@ metadata = MetaData(
 
 
 class JobState(str, enum.Enum):
-    """Where a job is in its life. Finished jobs are deleted, so there is no ``done`` state."""
+    """Where a job is in its life. A job whose handler succeeded is deleted (or moved to history),
+    so ``completed`` rows are the exception: see :attr:`COMPLETED`."""
 
     #: Waiting for ``run_at``; claimable once it has passed.
     PENDING = "pending"
@@ -57,6 +58,9 @@ class JobState(str, enum.Enum):
     RUNNING = "running"
     #: Gave up: failure or crash budget spent, or a payload that can never validate.
     DEAD = "dead"
+    #: The handler succeeded but the row could not be deleted (a foreign key of the application's
+    #: points at it): kept, terminal, never claimed again. ``last_error`` says why it was kept.
+    COMPLETED = "completed"
 
 
 STATES = tuple(s.value for s in JobState)
@@ -102,6 +106,8 @@ class Job(Base):
     concurrency_limit: Mapped[int | None] = mapped_column(Integer)
     #: Results of completed durable steps (``ctx.step``), by step name.
     steps: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    #: Runs stopped at a worker's shutdown and given back (neither a failure nor a crash).
+    interruptions: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
     __table_args__ = (
         CheckConstraint(f"state IN ({', '.join(repr(s) for s in STATES)})", name="state"),
@@ -110,7 +116,7 @@ class Job(Base):
             "(state = 'running') = (lease_token IS NOT NULL AND lease_expires_at IS NOT NULL)",
             name="lease",
         ),
-        CheckConstraint("attempts >= 0 AND crashes >= 0", name="counters"),
+        CheckConstraint("attempts >= 0 AND crashes >= 0 AND interruptions >= 0", name="counters"),
         CheckConstraint("max_attempts >= 1 AND max_crashes >= 1", name="budgets"),
         CheckConstraint(f"char_length(last_error) <= {MAX_ERROR_CHARS}", name="last_error"),
         CheckConstraint("char_length(queue) BETWEEN 1 AND 128", name="queue"),

@@ -66,6 +66,7 @@ history = typing.cast(Table, JobHistory.__table__)
 PENDING: ColumnElement[str] = literal_column("'pending'")
 RUNNING: ColumnElement[str] = literal_column("'running'")
 DEAD: ColumnElement[str] = literal_column("'dead'")
+COMPLETED: ColumnElement[str] = literal_column("'completed'")
 ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
 ONE_MICROSECOND: ColumnElement[Any] = literal_column("interval '1 microsecond'")
 
@@ -80,6 +81,7 @@ CLAIMED_COLUMNS = (
     job.c.max_attempts,
     job.c.crashes,
     job.c.max_crashes,
+    job.c.interruptions,
     job.c.lease_token,
     job.c.created_at,
     job.c.concurrency_key,
@@ -95,11 +97,18 @@ def _tokens() -> BindParameter[Any]:
     return bindparam("tokens", type_=ARRAY(UUID(as_uuid=True)))
 
 
-def _fenced() -> ColumnElement[bool]:
-    # Tokens are fresh random UUIDs per claim, so a row whose current token is in the list was
-    # claimed by this caller: matching ids and tokens as two sets is exact, and the primary key
-    # serves it.
-    return and_(job.c.id == func.any(_ids()), job.c.lease_token == func.any(_tokens()))
+def _held() -> Any:
+    """The (id, token) pairs a worker holds, as a table: ``ids`` and ``tokens`` are parallel
+    arrays, one token per id."""
+    return func.unnest(_ids(), _tokens()).table_valued("id", "token").render_derived(name="held")
+
+
+def _fenced(held: Any) -> ColumnElement[bool]:
+    # Matched as exact (id, token) pairs, never as two sets: a process may hold a job under an old
+    # claim (its lease lost, its handler still running) while it holds the same job again under a
+    # new one, and one claim's id must not pair with the other claim's token. A nested loop over
+    # the pairs, each a primary-key lookup.
+    return and_(job.c.id == held.c.id, job.c.lease_token == held.c.token)
 
 
 def _run_at() -> ColumnElement[object]:
@@ -280,8 +289,8 @@ def claim() -> Select[Any]:
     Locks the claimed rows (``FOR UPDATE SKIP LOCKED``: rows another worker holds are stepped over,
     never waited for); sets them ``running`` with a fresh lease token (one per claim) and a lease
     of ``lease`` from the database's ``now()``, and counts the attempt now, at claim time, so a job
-    that kills its worker cannot be retried forever. With ``crashed_ok`` false (default true) it
-    steps over jobs that crashed a worker before (``crashes > 0``). Returns
+    that kills its worker cannot be retried forever. Jobs that crashed a worker before are taken
+    as :func:`_crash_rule` says (``crashed_ok``, ``last_life_ok``; both default true). Returns
     :data:`CLAIMED_COLUMNS`, in claim order. Served by ``sqla_jobs_job_claim_idx`` (partial,
     pending rows only): an ordered index scan; the only sort is of the rows it claimed.
     """
@@ -298,7 +307,7 @@ def claim() -> Select[Any]:
             job.c.run_at <= func.now(),
             # A filter on the same index scan: stepping over the few crashed rows at the head of
             # the line costs nothing and needs no index of its own.
-            or_(job.c.crashes == 0, bindparam("crashed_ok", True, type_=Boolean)),
+            _crash_rule(),
         )
         .order_by(job.c.priority, job.c.run_at, job.c.id)
         .limit(bindparam("limit", type_=BigInteger))
@@ -306,6 +315,19 @@ def claim() -> Select[Any]:
     )
     return _mark_claimed(
         update(job).where(job.c.id == func.any(func.array(picked.scalar_subquery())))
+    )
+
+
+def _crash_rule() -> ColumnElement[bool]:
+    # Which jobs that crashed a worker before a claim may take. A job on its last crash life
+    # (one more crash makes it dead) runs only in a process holding no other crashed job, so a
+    # poison job cannot take a healthy job dead with it: ``last_life_ok`` is true only for a
+    # worker that holds no crashed job, ``crashed_ok`` only for one that holds no last-life job.
+    # Other crashed jobs flow freely (a crash of their process costs each one crash life).
+    return or_(
+        job.c.crashes == 0,
+        and_(bindparam("crashed_ok", True, type_=Boolean), job.c.crashes + 1 < job.c.max_crashes),
+        bindparam("last_life_ok", True, type_=Boolean),
     )
 
 
@@ -414,7 +436,7 @@ def claim_keyed() -> Select[Any]:
             job.c.run_at,
             _per_key_rank(),
         )
-        .where(*_due_keyed(job.c.concurrency_key == func.any(keys)))
+        .where(*_due_keyed(job.c.concurrency_key == func.any(keys)), _crash_rule())
         .cte("ranked")
         .prefix_with("MATERIALIZED")
     )
@@ -463,18 +485,46 @@ def record_step() -> AnyUpdate:
 
 
 def complete() -> AnyDelete:
-    """Delete the finished jobs ``ids`` whose lease is still ``tokens``; returns the deleted ids.
+    """Delete the finished jobs ``ids`` whose lease is still ``tokens`` (parallel arrays, one
+    token per id); returns the deleted ids.
 
     Fenced: a job whose lease expired and was re-claimed carries another token and is left alone.
     Locks the deleted rows; served by the primary key.
     """
-    return delete(job).where(_fenced()).returning(job.c.id)
+    held = _held()
+    return delete(job).where(_fenced(held)).returning(job.c.id)
+
+
+def keep_completed() -> AnyUpdate:
+    """Mark job ``id`` (lease ``token``) ``completed`` instead of deleting it, with ``error`` (why
+    it could not be deleted) in ``last_error``: for a succeeded job whose row the application's
+    foreign keys hold. Terminal: no claim, reap or retry takes it. Returns the id (no row: the
+    lease was lost). Touches no column a foreign key can reference; served by the primary key."""
+    return (
+        update(job)
+        .where(job.c.id == bindparam("id", type_=BigInteger))
+        .where(job.c.lease_token == bindparam("token", type_=UUID(as_uuid=True)))
+        .values(
+            state=COMPLETED,
+            last_error=func.left(bindparam("error", type_=Text), MAX_ERROR_CHARS),
+            lease_token=null(),
+            lease_expires_at=null(),
+            locked_by=null(),
+        )
+        .returning(job.c.id)
+    )
 
 
 def complete_into_history() -> AnyInsert:
     """Like :func:`complete`, and copy each deleted job into ``sqla_jobs_history`` in the same
     statement; returns the ids kept."""
-    done = delete(job).where(_fenced()).returning(*[job.c[c] for c in _HISTORY_COLUMNS]).cte("done")
+    held = _held()
+    done = (
+        delete(job)
+        .where(_fenced(held))
+        .returning(*[job.c[c] for c in _HISTORY_COLUMNS])
+        .cte("done")
+    )
     return (
         insert(history)
         .from_select(list(_HISTORY_COLUMNS), select(*[done.c[c] for c in _HISTORY_COLUMNS]))
@@ -521,31 +571,55 @@ def fail() -> AnyUpdate:
 
 
 def heartbeat() -> AnyUpdate:
-    """Extend the leases of ``ids`` still held under ``tokens`` to ``now() + lease``; returns the ids
-    whose lease was extended (a missing id: the lease was lost to the reaper).
+    """Extend the leases of the (``ids``, ``tokens``) pairs still held to ``now() + lease``;
+    returns the ids whose lease was extended.
 
+    Never waits for a row lock: a row someone else has locked (an operator's ``SELECT ... FOR
+    UPDATE``, the application's own ``with_for_update()``) is skipped, so it delays at most its
+    own renewal. A missing id is therefore lost or locked: :func:`held_leases` tells which.
     Touches only ``lease_expires_at``, which no index covers, so the update can be HOT.
     """
+    held = _held()
+    mine = (
+        select(job.c.id)
+        .where(_fenced(held))
+        .with_for_update(of=job, skip_locked=True)
+        .cte("mine")
+        .prefix_with("MATERIALIZED")
+    )
     return (
         update(job)
-        .where(_fenced())
+        .where(job.c.id == mine.c.id)
         .values(lease_expires_at=func.now() + bindparam("lease", type_=Interval))
         .returning(job.c.id)
     )
+
+
+def held_leases() -> Select[tuple[int]]:
+    """Which of the (``ids``, ``tokens``) pairs are still held: the ids whose row carries the
+    token. A plain read, so it never waits for a row lock; the heartbeat runs it for the ids it
+    could not renew, to tell a lost lease from a locked row."""
+    held = _held()
+    return select(job.c.id).where(_fenced(held))
 
 
 def release() -> AnyUpdate:
     """Give back jobs this worker claimed but will not finish (graceful shutdown).
 
     Back to ``pending`` at their old place in line, lease cleared, and the claim's attempt undone:
-    a release is neither a failure nor a crash. Fenced on the tokens; returns the released ids.
+    a release is neither a failure nor a crash. With ``interrupted`` (the handlers had started)
+    ``interruptions`` counts it, so the next run knows it is a re-run. Fenced on the (``ids``,
+    ``tokens``) pairs; returns the released ids.
     """
+    held = _held()
+    interrupted = bindparam("interrupted", False, type_=Boolean)
     return (
         update(job)
-        .where(_fenced())
+        .where(_fenced(held))
         .values(
             state=PENDING,
             attempts=func.greatest(job.c.attempts - 1, 0),
+            interruptions=job.c.interruptions + case((interrupted, 1), else_=0),
             lease_token=null(),
             lease_expires_at=null(),
             locked_by=null(),
@@ -560,7 +634,7 @@ def reap() -> AnyUpdate:
 
     Safe with several reapers at once: the selection skips rows another reaper (or a heartbeat)
     holds. Served by ``sqla_jobs_job_running_idx`` (running rows only). Returns id, kind, state,
-    crashes and the worker that lost the lease.
+    crashes, the worker that lost the lease, and the queue (to wake its workers).
     """
     expired = (
         select(job.c.id, job.c.locked_by)
@@ -589,7 +663,9 @@ def reap() -> AnyUpdate:
             lease_expires_at=null(),
             locked_by=null(),
         )
-        .returning(job.c.id, job.c.kind, job.c.state, job.c.crashes, expired.c.locked_by)
+        .returning(
+            job.c.id, job.c.kind, job.c.state, job.c.crashes, expired.c.locked_by, job.c.queue
+        )
     )
 
 

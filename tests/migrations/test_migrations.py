@@ -53,7 +53,7 @@ MODEL_COPY = "model_copy"
 #: Nothing listens here: a command that tried to connect would fail.
 UNREACHABLE_URL = "postgresql://nobody@127.0.0.1:1/nowhere"
 #: The newest shipped revision.
-HEAD = "sqla_jobs_0002"
+HEAD = "sqla_jobs_0003"
 
 
 @pytest.fixture
