@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from ._connections import Connector
 from .errors import ConfigurationError
 from .jobs import Jobs
 from .kinds import check_name
@@ -26,6 +29,7 @@ class WorkerConfig:
     prefetch: int | None = None
     name: str | None = None
     prepared_statements: bool = True
+    stuck_grace: float = 60.0
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -34,6 +38,20 @@ class WorkerConfig:
     @property
     def reap_seconds(self) -> float:
         return self.reap_interval if self.reap_interval is not None else min(self.lease / 2, 30.0)
+
+
+@dataclass(frozen=True)
+class WorkerSeams:
+    """What a test may put in place of a worker's real parts (``Worker(seams=...)``).
+
+    ``connector`` builds the :class:`~sqla_jobs._connections.Connector` the worker opens every
+    connection with (from conninfo, worker name, prepare threshold), to see or break them;
+    while ``heartbeats_paused`` is set, no lease is renewed (a frozen process, without freezing
+    one).
+    """
+
+    connector: Callable[[str, str, int | None], Connector] | None = None
+    heartbeats_paused: threading.Event | None = None
 
 
 def check_config(config: WorkerConfig, jobs: Jobs) -> None:
@@ -49,6 +67,10 @@ def check_config(config: WorkerConfig, jobs: Jobs) -> None:
         raise ConfigurationError(f"concurrency must be >= 1, got {config.concurrency}")
     if config.lease <= 0 or config.poll_interval <= 0 or config.shutdown_timeout < 0:
         raise ConfigurationError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
+    if config.reap_interval is not None and config.reap_interval <= 0:
+        raise ConfigurationError(f"reap_interval must be > 0, got {config.reap_interval}")
+    if config.stuck_grace <= 0:
+        raise ConfigurationError(f"stuck_grace must be > 0 seconds, got {config.stuck_grace}")
     if config.heartbeat_seconds <= 0 or config.heartbeat_seconds > config.lease / 3:
         raise ConfigurationError(
             f"heartbeat ({config.heartbeat_seconds:g}s) must be > 0 and at most a third of the lease "

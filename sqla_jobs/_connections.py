@@ -1,12 +1,32 @@
-"""What every long-lived worker connection shares: which errors mean "reconnect", how long to
-wait before trying again, and closing a connection that may already be broken."""
+"""How a worker opens its connections, and how every one of them comes back after a loss.
+
+One recipe for every long-lived connection (claim lanes, listener, leases, reaper, step writer):
+autocommit, TCP keepalives, the worker's application name, jsonb fetched as text (payloads are
+decoded by pydantic, so a payload Python's json module cannot decode kills its job, not the
+connection's loop). One reconnect policy: which errors mean "reconnect", a capped doubling delay,
+one log line per loss.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import psycopg
+from psycopg.types.string import TextLoader
+
+from ._db import KEEPALIVES
+
+log = logging.getLogger("sqla_jobs.worker")
 
 #: Errors that mean "the connection is gone": reconnect, never crash.
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
+
+Conn = psycopg.Connection[tuple[object, ...]]
+AsyncConn = psycopg.AsyncConnection[tuple[object, ...]]
 
 
 def reconnect_delay(failures: int, first: float = 0.1, cap: float = 5.0) -> float:
@@ -15,7 +35,102 @@ def reconnect_delay(failures: int, first: float = 0.1, cap: float = 5.0) -> floa
     return min(first * float(2 ** min(failures, 32)), cap)
 
 
-def close_quietly(conn: psycopg.Connection[tuple[object, ...]] | None) -> None:
+@dataclass
+class Connector:
+    """Opens the worker's connections to ``conninfo``, every one the same way.
+
+    ``role`` names the connection in ``pg_stat_activity`` (``sqla-jobs <role> <worker>``).
+    ``prepare_threshold`` None stops psycopg from preparing statements server-side (PgBouncer
+    before 1.21). Tests may subclass it to see or break the connections a worker opens.
+    """
+
+    conninfo: str
+    worker: str
+    prepare_threshold: int | None = 5
+
+    def app_name(self, role: str) -> str:
+        """The connection's ``application_name`` (at most 63 bytes)."""
+        return f"sqla-jobs {role} {self.worker}"[:63]
+
+    def _options(self, role: str, extra: dict[str, Any]) -> dict[str, Any]:
+        return {
+            **KEEPALIVES,
+            "autocommit": True,
+            "connect_timeout": 10,
+            "application_name": self.app_name(role),
+            "prepare_threshold": self.prepare_threshold,
+            **extra,
+        }
+
+    def connect(self, role: str, **extra: Any) -> Conn:
+        """A blocking connection (threads: listener, leases, reaper, steps)."""
+        conn = psycopg.connect(self.conninfo, **self._options(role, extra))
+        conn.adapters.register_loader("jsonb", TextLoader)
+        return conn
+
+    async def aconnect(self, role: str, **extra: Any) -> AsyncConn:
+        """An asyncio connection (the claim lanes)."""
+        conn = await psycopg.AsyncConnection.connect(self.conninfo, **self._options(role, extra))
+        conn.adapters.register_loader("jsonb", TextLoader)
+        return conn
+
+
+class Reconnects:
+    """The reconnect policy of one connection: :meth:`lost` logs the loss and returns how long to
+    wait; :meth:`ok` after a success starts the backoff over."""
+
+    def __init__(self, what: str, event: str, *, first: float = 0.1, cap: float = 5.0) -> None:
+        self._what = what
+        self._event = event
+        self._first = first
+        self._cap = cap
+        self.failures = 0
+
+    def lost(self, exc: BaseException) -> float:
+        """Count a failure; log it; the seconds to wait before the next try."""
+        self.failures += 1
+        delay = reconnect_delay(self.failures, self._first, self._cap)
+        log.warning(
+            "%s lost, reconnecting in %.2fs: %s",
+            self._what,
+            delay,
+            exc,
+            extra={"event": self._event},
+        )
+        return delay
+
+    def ok(self) -> None:
+        """The connection works again."""
+        self.failures = 0
+
+
+def serve(
+    stop: threading.Event,
+    step: Callable[[], float],
+    reconnects: Reconnects,
+    *,
+    close: Callable[[], None],
+    wait: Callable[[float], None] | None = None,
+    errors: tuple[type[BaseException], ...] = CONNECTION_ERRORS,
+) -> None:
+    """The loop of a worker thread that owns a connection: run ``step`` (which returns the seconds
+    until the next one) until ``stop`` is set; on a lost connection, ``close`` it and wait as
+    ``reconnects`` says. ``wait`` defaults to ``stop.wait``."""
+    pause = wait or stop.wait
+    while not stop.is_set():
+        try:
+            seconds = step()
+            reconnects.ok()
+        except errors as exc:
+            close()
+            if stop.is_set():
+                break
+            seconds = reconnects.lost(exc)
+        pause(seconds)
+    close()
+
+
+def close_quietly(conn: Conn | None) -> None:
     """Close ``conn`` if there is one; a broken connection has nothing left to report."""
     if conn is not None:
         try:
@@ -24,7 +139,7 @@ def close_quietly(conn: psycopg.Connection[tuple[object, ...]] | None) -> None:
             pass
 
 
-async def aclose_quietly(conn: psycopg.AsyncConnection[tuple[object, ...]] | None) -> None:
+async def aclose_quietly(conn: AsyncConn | None) -> None:
     """:func:`close_quietly` for an async connection."""
     if conn is not None:
         try:

@@ -1,8 +1,9 @@
-"""The lease thread: heartbeats for this worker's running jobs, and the reaper for everyone's.
+"""The heartbeat thread: keeps the leases of every job this worker holds alive.
 
 It runs in its own OS thread on its own connection, so neither a handler that blocks the event loop
-nor a slow claim can starve a heartbeat. Reaping is safe with any number of workers doing it at
-once: the reap statement skips rows another reaper holds.
+nor a slow claim can starve a heartbeat, and the reaper (:mod:`sqla_jobs._reaper`) never waits
+behind it. A row another session has locked is skipped, not waited for: it can delay at most its
+own renewal.
 """
 
 from __future__ import annotations
@@ -11,94 +12,86 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 
-import psycopg
-
-from ._connections import CONNECTION_ERRORS, close_quietly, reconnect_delay
-from ._db import KEEPALIVES
+from ._connections import Conn, Connector, Reconnects, close_quietly, serve
 from ._sql import WorkerSQL
 
 log = logging.getLogger("sqla_jobs.worker")
 
+#: A lease: the job's id and the token of the claim that holds it.
+Held = tuple[int, uuid.UUID]
+Snapshot = Callable[[], Collection[Held]]
+OnLost = Callable[[set[Held]], None]
 
-Snapshot = Callable[[], dict[int, uuid.UUID]]
-OnLost = Callable[[set[int]], None]
+
+def pg_array(values: Collection[object]) -> str:
+    """Ints or UUIDs as a Postgres array literal (the statement casts it): psycopg's array dumper
+    costs a regex search per element, which a batch of completions feels."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def held_params(held: Collection[Held]) -> dict[str, str]:
+    """The ``ids`` and ``tokens`` parallel arrays of the statements fenced on (id, token) pairs.
+    The jobs of one claim share its token: each distinct token is formatted once."""
+    text: dict[uuid.UUID, str] = {}
+    tokens = [text.get(t) or text.setdefault(t, str(t)) for _, t in held]
+    return {
+        "ids": "{" + ",".join([str(i) for i, _ in held]) + "}",
+        "tokens": "{" + ",".join(tokens) + "}",
+    }
 
 
 class LeaseKeeper(threading.Thread):
-    """Every ``heartbeat`` seconds: extend the leases of ``snapshot()``'s jobs, report the ones whose
-    lease was lost through ``on_lost``; every ``reap_interval`` seconds: reap expired leases."""
+    """Every ``heartbeat`` seconds: extend the leases of ``snapshot()``'s jobs; report through
+    ``on_lost`` the ones another worker may own now. While ``paused`` is set, no heartbeat is
+    sent (a test's stand-in for a frozen process)."""
 
     def __init__(
         self,
         *,
-        conninfo: str,
-        application_name: str,
+        connector: Connector,
         sql: WorkerSQL,
         lease: timedelta,
         heartbeat: float,
-        reap_interval: float,
         snapshot: Snapshot,
         on_lost: OnLost,
-        name: str,
-        prepare_threshold: int | None = 5,
+        paused: threading.Event | None = None,
     ) -> None:
-        super().__init__(name=f"sqla-jobs-leases-{name}", daemon=True)
-        self._conninfo = conninfo
-        self._application_name = application_name
-        self._prepare_threshold = prepare_threshold
+        super().__init__(name=f"sqla-jobs-leases-{connector.worker}", daemon=True)
+        self._connector = connector
         self._sql = sql
         self._lease = lease
         self._heartbeat = heartbeat
-        self._reap_interval = reap_interval
         self._snapshot = snapshot
         self._on_lost = on_lost
+        self._paused = paused or threading.Event()
         self._stop_event = threading.Event()
-        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
-        #: Test hook: while set, heartbeats are skipped (simulates a frozen worker).
-        self.frozen = threading.Event()
-        self.reaped = 0
+        self._conn: Conn | None = None
+        #: Renewals skipped because another session held the row locked (for tests and logs).
+        self.skipped_locked = 0
 
     def stop(self) -> None:
-        """Ask the thread to finish its current step and exit."""
+        """Ask the thread to finish its current beat and exit."""
         self._stop_event.set()
 
     def run(self) -> None:
-        next_reap = 0.0
-        failures = 0
-        while not self._stop_event.is_set():
-            try:
-                if not self.frozen.is_set():
-                    self.beat()
-                if time.monotonic() >= next_reap:
-                    self.reap()
-                    next_reap = time.monotonic() + self._reap_interval
-                failures = 0
-                wait = self._heartbeat
-            except CONNECTION_ERRORS as exc:
-                failures += 1
-                wait = reconnect_delay(failures)
-                log.warning(
-                    "lease connection lost, reconnecting in %.1fs: %s",
-                    wait,
-                    exc,
-                    extra={"event": "lease_conn_lost"},
-                )
-                self._close()
-            self._stop_event.wait(wait)
-        self._close()
+        reconnects = Reconnects("lease connection", "lease_conn_lost")
+        serve(self._stop_event, self._step, reconnects, close=self._close)
 
-    def _connection(self) -> psycopg.Connection[tuple[object, ...]]:
+    def _step(self) -> float:
+        started = time.monotonic()
+        if not self._paused.is_set():
+            self.beat()
+        return max(0.0, self._heartbeat - (time.monotonic() - started))
+
+    def _connection(self) -> Conn:
         if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(
-                self._conninfo,
-                **KEEPALIVES,
-                autocommit=True,
-                connect_timeout=5,
-                application_name=self._application_name,
-                prepare_threshold=self._prepare_threshold,
+            # lock_timeout: a renewal skips locked rows, so nothing should wait; if something
+            # still does (a lock on the table itself), it fails and is retried next beat.
+            self._conn = self._connector.connect(
+                "leases", connect_timeout=5, options="-c lock_timeout=2000"
             )
         return self._conn
 
@@ -107,47 +100,34 @@ class LeaseKeeper(threading.Thread):
         close_quietly(conn)
 
     def beat(self) -> None:
-        """Extend the leases of the jobs running now; report the lost ones."""
-        held = self._snapshot()
+        """Extend the leases of the jobs held now; report the lost ones."""
+        held = list(self._snapshot())
         if not held:
             return
-        ids = list(held)
-        rows = (
-            self._connection()
-            .execute(
-                self._sql.heartbeat.sql,
-                self._sql.heartbeat.params(
-                    ids=ids, tokens=list(set(held.values())), lease=self._lease
-                ),
+        conn = self._connection()
+        params = held_params(held)
+        rows = conn.execute(
+            self._sql.heartbeat.sql, self._sql.heartbeat.params(lease=self._lease, **params)
+        ).fetchall()
+        renewed = {int(r[0]) for r in rows}  # type: ignore[call-overload]
+        missing = [h for h in held if h[0] not in renewed]
+        if not missing:
+            return
+        # Lost, or locked by another session: a plain read (it waits for no lock) tells which.
+        still = conn.execute(
+            self._sql.held_leases.sql, self._sql.held_leases.params(**held_params(missing))
+        ).fetchall()
+        kept = {int(r[0]) for r in still}  # type: ignore[call-overload]
+        locked = [h for h in missing if h[0] in kept]
+        if locked:
+            self.skipped_locked += len(locked)
+            log.warning(
+                "%d leases not renewed this beat: their rows are locked by another session "
+                "(jobs %s)",
+                len(locked),
+                ",".join(str(i) for i, _ in locked[:10]),
+                extra={"event": "lease_row_locked"},
             )
-            .fetchall()
-        )
-        kept = {int(r[0]) for r in rows}  # type: ignore[call-overload]
-        lost = set(ids) - kept
+        lost = {h for h in missing if h[0] not in kept}
         if lost:
             self._on_lost(lost)
-
-    def reap(self) -> int:
-        """Return expired leases to the queue (or dead); the number reaped."""
-        total = 0
-        while True:
-            rows = (
-                self._connection()
-                .execute(self._sql.reap.sql, self._sql.reap.params(limit=100))
-                .fetchall()
-            )
-            for job_id, kind, state, crashes, locked_by in rows:
-                log.warning(
-                    "reaped job %s (%s) from worker %s: crash %s, now %s",
-                    job_id,
-                    kind,
-                    locked_by,
-                    crashes,
-                    state,
-                    extra={"event": "reaped", "job_id": job_id, "kind": kind, "state": state},
-                )
-            total += len(rows)
-            if len(rows) < 100:
-                break
-        self.reaped += total
-        return total

@@ -23,10 +23,8 @@ from collections.abc import Callable, Collection
 
 import psycopg
 from psycopg import sql
-from psycopg.types.string import TextLoader
 
-from ._connections import close_quietly, reconnect_delay
-from ._db import KEEPALIVES
+from ._connections import Connector, Reconnects, close_quietly, serve
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -42,21 +40,17 @@ class Listener(threading.Thread):
 
     def __init__(
         self,
-        conninfo: str,
+        connector: Connector,
         channel: str,
         queues: Collection[str],
         on_notify: OnNotify,
         *,
-        application_name: str = "sqla-jobs listen",
-        prepare_threshold: int | None = 5,
         check_interval: float = 5.0,
         check_timeout: float = 5.0,
         max_backoff: float = 5.0,
     ) -> None:
-        super().__init__(name=f"sqla-jobs-{application_name}", daemon=True)
-        self._conninfo = conninfo
-        self._application_name = application_name
-        self._prepare_threshold = prepare_threshold
+        super().__init__(name=f"sqla-jobs-listen-{connector.worker}", daemon=True)
+        self._connector = connector
         self._channel = channel
         self._queues = frozenset(queues)
         self._on_notify = on_notify
@@ -67,8 +61,9 @@ class Listener(threading.Thread):
         #: How many times the connection was (re)established (counted after its first look, when
         #: ``connected`` is set); tests watch it.
         self.connects = 0
-        #: Failed attempts since the last successful connect: the backoff exponent.
-        self._failures = 0
+        self._reconnects = Reconnects(
+            "LISTEN connection (polling meanwhile)", "listener_lost", first=0.05, cap=max_backoff
+        )
         self._conn: Connection | None = None
         #: Notified queues not acted on yet, in arrival order: psycopg hands us the notifications
         #: it reads, while we wait and while on_notify's statements run.
@@ -92,23 +87,14 @@ class Listener(threading.Thread):
                 return
             self._stop_r, self._stop_w = os.pipe()
         try:
-            while not self._stopping.is_set():
-                try:
-                    self._listen()
-                except (psycopg.Error, OSError) as exc:
-                    self.connected.clear()
-                    self._close()
-                    if self._stopping.is_set():
-                        break
-                    self._failures += 1
-                    delay = reconnect_delay(self._failures, first=0.05, cap=self._max_backoff)
-                    log.warning(
-                        "LISTEN connection lost, reconnecting in %.2fs (polling meanwhile): %s",
-                        delay,
-                        exc,
-                        extra={"event": "listener_lost"},
-                    )
-                    self._wait(delay)
+            serve(
+                self._stopping,
+                self._listen,
+                self._reconnects,
+                close=self._close,
+                wait=self._wait,
+                errors=(psycopg.Error, OSError),
+            )
         finally:
             self._close()
             with self._pipe_lock:
@@ -123,18 +109,12 @@ class Listener(threading.Thread):
             selector.select(seconds)
 
     def _connect(self) -> Connection:
-        conn = psycopg.connect(
-            self._conninfo,
-            **KEEPALIVES,
-            autocommit=True,
+        conn = self._connector.connect(
+            "listen",
             connect_timeout=5,
             # A statement the server never acknowledges (a half-open connection) fails after this.
             tcp_user_timeout=int(self._check_timeout * 1000),
-            application_name=self._application_name,
-            prepare_threshold=self._prepare_threshold,
         )
-        # As on the claim connection: payloads are decoded by pydantic, not by the driver.
-        conn.adapters.register_loader("jsonb", TextLoader)
         conn.add_notify_handler(self._note)
         return conn
 
@@ -142,7 +122,9 @@ class Listener(threading.Thread):
         if note.payload in self._queues:
             self._notes.append(note.payload)
 
-    def _listen(self) -> None:
+    def _listen(self) -> float:
+        """Connect, LISTEN, and act on notifications until stopped (then 0: no pause before the
+        loop sees the stop) or the connection is lost (raises)."""
         conn = self._conn = self._connect()
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
         # Anything enqueued before the LISTEN (or while we were away) was announced to nobody:
@@ -150,7 +132,7 @@ class Listener(threading.Thread):
         self._on_notify(conn, [])
         self._notes.clear()
         # Connected again: the next loss starts the backoff over, however many came before.
-        self._failures = 0
+        self._reconnects.ok()
         self.connected.set()
         self.connects += 1
         if self.connects > 1:
@@ -161,6 +143,7 @@ class Listener(threading.Thread):
             selector.register(conn.pgconn.socket, selectors.EVENT_READ)
             selector.register(self._stop_r, selectors.EVENT_READ)
             self._serve(conn, selector)
+        return 0.0
 
     def _serve(self, conn: Connection, selector: selectors.BaseSelector) -> None:
         """Act on notifications until stopped; raises when the connection is lost."""
@@ -190,5 +173,6 @@ class Listener(threading.Thread):
                 quiet_since = time.monotonic()
 
     def _close(self) -> None:
+        self.connected.clear()
         conn, self._conn = self._conn, None
         close_quietly(conn)

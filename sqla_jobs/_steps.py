@@ -11,10 +11,7 @@ from __future__ import annotations
 import queue
 import uuid
 
-import psycopg
-
-from ._connections import CONNECTION_ERRORS
-from ._db import KEEPALIVES
+from ._connections import CONNECTION_ERRORS, Conn, Connector
 from ._sql import Compiled
 
 
@@ -24,19 +21,10 @@ class StepWriter:
     Sync handlers call it from their threads; async handlers through ``asyncio.to_thread``.
     """
 
-    def __init__(
-        self,
-        conninfo: str,
-        statement: Compiled,
-        application_name: str,
-        *,
-        prepare_threshold: int | None = 5,
-    ) -> None:
-        self._conninfo = conninfo
-        self._application_name = application_name
-        self._prepare_threshold = prepare_threshold
+    def __init__(self, connector: Connector, statement: Compiled) -> None:
+        self._connector = connector
         self._statement = statement
-        self._idle: queue.LifoQueue[psycopg.Connection[tuple[object, ...]]] = queue.LifoQueue()
+        self._idle: queue.LifoQueue[Conn] = queue.LifoQueue()
 
     def __call__(self, job_id: int, token: uuid.UUID, name: str, value_json: str) -> bool:
         """Record ``name = value_json`` on the job; False if the lease is no longer ours."""
@@ -54,18 +42,11 @@ class StepWriter:
             return row is not None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _take(self) -> psycopg.Connection[tuple[object, ...]]:
+    def _take(self) -> Conn:
         try:
             conn = self._idle.get_nowait()
         except queue.Empty:
-            return psycopg.connect(
-                self._conninfo,
-                **KEEPALIVES,
-                autocommit=True,
-                connect_timeout=10,
-                application_name=self._application_name,
-                prepare_threshold=self._prepare_threshold,
-            )
+            return self._connector.connect("steps")
         if conn.closed:
             return self._take()
         return conn

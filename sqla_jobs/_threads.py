@@ -5,8 +5,7 @@ A thread pool executor costs a future, a condition variable and a self-pipe writ
 short handlers that overhead, not the handler, sets the worker's pace. Here each runner thread
 appends its result to a deque and wakes the loop only if no wakeup is already pending, so a burst
 of completions costs one wakeup. A handler past its timeout cannot be interrupted (Python threads
-cannot be killed): its runner is replaced, so the worker keeps its capacity, and retires once the
-handler returns.
+cannot be killed): its runner stays busy until it returns, and so does the slot that waits for it.
 """
 
 from __future__ import annotations
@@ -31,8 +30,6 @@ class SyncRunners:
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._done: collections.deque[_Done] = collections.deque()
         self._signaled = False
-        self._lock = threading.Lock()
-        self._retire = 0
         self._count = 0
         for _ in range(size):
             self._spawn()
@@ -43,15 +40,9 @@ class SyncRunners:
         self._queue.put((fut, fn, args))
         return fut
 
-    def replace_stuck(self) -> None:
-        """A runner is stuck in a handler that timed out: add one, and let one retire later."""
-        with self._lock:
-            self._retire += 1
-        self._spawn()
-
     def close(self) -> None:
         """Ask every runner to exit once its current call returns."""
-        for _ in range(self._count + self._retire):
+        for _ in range(self._count):
             self._queue.put(None)
 
     def _spawn(self) -> None:
@@ -76,10 +67,6 @@ class SyncRunners:
                     self._loop.call_soon_threadsafe(self._collect)
                 except RuntimeError:
                     return  # the loop is closed: nobody is waiting any more
-            with self._lock:
-                if self._retire > 0:
-                    self._retire -= 1
-                    return
 
     def _collect(self) -> None:
         # Reset before draining: a result appended after this line signals again.

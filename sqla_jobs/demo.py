@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from sqlalchemy import BigInteger, Engine, MetaData, Text, create_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from ._config import WorkerSeams
 from ._db import ENV_VAR, embedded_server, libpq_conninfo, redact, sqlalchemy_url, with_database
 from .backoff import Backoff
 from .context import JobContext
@@ -692,15 +693,20 @@ class Demo:
         c.step(6, "A worker crash, rescued by the reaper")
         c.explain(
             f"worker-B (1 slot) claims a nightly_export job, then freezes: we set its lease "
-            "keeper's `frozen` test hook, so it stops heartbeating, exactly what a killed process, "
+            "keeper's `heartbeats_paused` test seam, so it stops heartbeating, exactly what a killed process, "
             f"a long GC pause or a suspended VM looks like from the database. Its lease is "
             f"{LEASE:g}s. worker-C starts with reap_interval=0.5 and rescues the job."
         )
         c.say()
         c.restart_clock()
-        frozen = self.worker("worker-B", concurrency=1, reap_interval=3600.0)
-        assert frozen.worker.leases is not None
-        frozen.worker.leases.frozen.set()
+        paused = threading.Event()
+        paused.set()
+        frozen = self.worker(
+            "worker-B",
+            concurrency=1,
+            reap_interval=3600.0,
+            seams=WorkerSeams(heartbeats_paused=paused),
+        )
         c.event("worker-B started; its heartbeats are frozen")
         with Session(self.engine) as s, s.begin():
             job_id = self.jobs.enqueue(s, NightlyExport(invoice_id=self.invoice_id)).id

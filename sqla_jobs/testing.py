@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -26,11 +27,15 @@ from pydantic import BaseModel
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ._config import WorkerSeams
+from ._leases import held_params
+from ._outcome import Outcome, fail_params, failed, resolve
 from ._sql import Compiled, WorkerSQL
-from .context import ClaimedJob, JobContext
+from .context import ClaimedJob, JobContext, Recorder
 from .jobs import Jobs
-from .kinds import load_payload
 from .model import Job, JobState
+
+__all__ = ["JobFailed", "RunResult", "WorkerSeams", "enqueued", "run_jobs"]
 
 
 def enqueued(
@@ -52,12 +57,18 @@ def enqueued(
     return list(session.scalars(stmt, execution_options=opts))
 
 
+class JobFailed(Exception):
+    """A job :func:`run_jobs` ran did not complete, for a reason other than its handler's own
+    exception (an unknown kind, a payload that no longer validates): the outcome's error."""
+
+
 @dataclass
 class RunResult:
     """What :func:`run_jobs` did."""
 
     done: int = 0
     failed: int = 0
+    dead: int = 0
     errors: list[BaseException] = field(default_factory=list)
 
 
@@ -71,9 +82,12 @@ def run_jobs(
 ) -> RunResult:
     """Claim the due jobs visible to ``session`` and run their handlers inline, in this thread.
 
-    Completion and failure are written through ``session`` (the caller's transaction), exactly as
-    a worker would write them. With ``raise_errors`` the first handler exception is re-raised after
-    its failure is recorded; otherwise errors are collected in the result.
+    Outcomes follow the worker's own rules (:mod:`sqla_jobs._outcome`): an unknown kind is a
+    failure with backoff, a payload that no longer validates is dead, a handler's exception is a
+    failure with the kind's backoff. They are written through ``session`` (the caller's
+    transaction) with the worker's statements. With ``raise_errors`` the first error is re-raised
+    after its outcome is recorded (a handler's own exception, or :class:`JobFailed`); otherwise
+    errors are collected in the result.
     """
     result = RunResult()
     sql = WorkerSQL(jobs.schema)
@@ -99,34 +113,49 @@ def run_jobs(
             rows += execute(
                 sql.claim_keyed, queue=queue, keys=keys, limit=limit, lease=lease, worker="testing"
             ).all()
-
         for row in rows:
-            job = ClaimedJob(*row)
-            kind = jobs.get(job.kind)
-            if kind is None or kind.handler is None:
-                raise LookupError(f"no handler registered for kind {job.kind!r}")
-            ctx = JobContext.for_job(job, "testing", record)
-            try:
-                value: Any = kind.handler(load_payload(kind.model, row.payload), ctx)
-                if inspect.isawaitable(value):
-                    asyncio.run(_await(value))
-            except Exception as exc:
-                execute(
-                    sql.fail,
-                    id=row.id,
-                    token=row.lease_token,
-                    error=f"{type(exc).__name__}: {exc}",
-                    force_dead=False,
-                    **kind.options.backoff.sql_params(),
-                )
-                result.failed += 1
-                result.errors.append(exc)
+            error = _run_one(jobs, ClaimedJob(*row), record, execute, sql, result)
+            if error is not None:
+                result.errors.append(error)
                 if raise_errors:
-                    raise
-            else:
-                execute(sql.complete, ids=[row.id], tokens=[row.lease_token])
-                result.done += 1
+                    raise error
     return result
+
+
+def _run_one(
+    jobs: Jobs,
+    job: ClaimedJob,
+    record: Recorder,
+    execute: Callable[..., Any],
+    sql: WorkerSQL,
+    result: RunResult,
+) -> BaseException | None:
+    """Run one claimed job and write its outcome; the error to report, if it did not complete."""
+    resolved = resolve(jobs, job)
+    error: BaseException | None = None
+    if isinstance(resolved, Outcome):
+        outcome = resolved
+        error = JobFailed(f"job {job.id} ({job.kind}): {outcome.error}")
+    else:
+        kind, args = resolved
+        ctx = JobContext.for_job(job, "testing", record)
+        try:
+            value: Any = kind.handler(args, ctx)  # type: ignore[misc]
+            if inspect.isawaitable(value):
+                asyncio.run(_await(value))
+            outcome = Outcome(job)
+        except Exception as exc:
+            outcome, error = failed(job, kind, exc), exc
+    if outcome.error is None:
+        execute(sql.complete, **held_params([(job.id, job.lease_token)]))
+        result.done += 1
+        return None
+    state = execute(sql.fail, **fail_params(sql, outcome)).first()
+    if state is not None and state[0] == JobState.DEAD.value:
+        result.dead += 1
+    else:
+        result.failed += 1
+    return error
 
 
 async def _await(value: Any) -> Any:

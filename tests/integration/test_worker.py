@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,6 +25,9 @@ from sqlalchemy import Engine, Row, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Backoff, ConfigurationError, JobContext, Jobs, Worker
+from sqla_jobs._holdings import Holdings
+from sqla_jobs.testing import WorkerSeams
+from sqla_jobs.worker import EXIT_STUCK
 from sqla_jobs._db import libpq_conninfo
 from tests._waiting import wait_until
 
@@ -315,14 +318,13 @@ def test_sync_handlers_run_in_the_pool_and_async_ones_on_the_loop(
     assert worker.counts["done"] == 2
 
 
-def test_handlers_past_their_kind_timeout_are_failed_as_timed_out(
+def test_an_async_handler_past_its_timeout_is_cancelled_and_failed_as_timed_out(
     clean: Engine, migrated_url: str
 ) -> None:
     jobs = Jobs()
-    release = threading.Event()
     cancelled = threading.Event()
 
-    @jobs.kind("hang_async", Ping, timeout=0.2)
+    @jobs.kind("hang_async", Ping, timeout=0.2, max_attempts=1)
     async def hang_async(args: Ping, ctx: JobContext) -> None:
         try:
             await asyncio.Event().wait()
@@ -330,24 +332,93 @@ def test_handlers_past_their_kind_timeout_are_failed_as_timed_out(
             cancelled.set()
             raise
 
+    worker = Worker(jobs, migrated_url, poll_interval=0.2)
+    with running(worker):
+        (job_id,) = enqueue(clean, jobs, [Ping()])
+        wait_until(lambda: worker.counts["dead"] == 1, "the timeout recorded")
+    assert cancelled.is_set(), "the async handler was not cancelled"
+    row = job_row(clean, job_id)
+    assert row is not None
+    assert (row.state, row.attempts, row.lease_token) == ("dead", 1, None)
+    assert row.last_error == "timed out after 0.2s"
+
+
+def test_a_sync_handler_past_its_timeout_keeps_its_job_running_until_it_returns_then_fails(
+    clean: Engine, migrated_url: str
+) -> None:
+    """A thread cannot be stopped: its job stays running (lease renewed) so that no retry can
+    overlap it, and fails as timed out once the handler returns; ctx.deadline told it when."""
+    jobs = Jobs()
+    release = threading.Event()
+    deadlines: list[float | None] = []
+
     @jobs.kind("hang_sync", Pong, timeout=0.2)
     def hang_sync(args: Pong, ctx: JobContext) -> None:
+        deadlines.append(ctx.time_left())
         release.wait(DEADLINE)
 
-    worker = Worker(jobs, migrated_url, poll_interval=0.2)
+    worker = Worker(jobs, migrated_url, poll_interval=0.2, lease=3, heartbeat=0.5)
     try:
         with running(worker):
-            ids = enqueue(clean, jobs, [Ping(), Pong()])
-            wait_until(lambda: worker.counts["failed"] == 2, "both timeouts recorded")
+            (job_id,) = enqueue(clean, jobs, [Pong()])
+            wait_until(lambda: deadlines != [], "the handler started")
+            first = job_row(clean, job_id)
+            assert first is not None
+
+            def renewed() -> bool:
+                now = job_row(clean, job_id)
+                return now is not None and now.lease_expires_at > first.lease_expires_at
+
+            # A heartbeat (every 0.5 s) after the 0.2 s timeout: the lease is kept, not dropped.
+            wait_until(renewed, "the lease renewed past the timeout")
+            row = job_row(clean, job_id)
+            assert row is not None
+            assert (row.state, row.attempts) == ("running", 1), "released or failed too early"
+            assert worker.counts["failed"] == 0
+            release.set()
+            wait_until(lambda: worker.counts["failed"] == 1, "the timeout recorded")
     finally:
         release.set()
-    assert cancelled.is_set(), "the async handler was not cancelled"
-    for job_id in ids:
+    row = job_row(clean, job_id)
+    assert row is not None
+    assert (row.state, row.attempts, row.lease_token) == ("pending", 1, None)
+    assert row.last_error.startswith("timed out after 0.2s (the sync handler returned ")
+    assert row.due_in > 0, "a timeout is a failure: the retry is backed off"
+    (left,) = deadlines
+    assert left is not None and 0 < left <= 0.2
+
+
+def test_a_sync_handler_stuck_past_its_grace_stops_the_worker_with_exit_3_and_keeps_its_job(
+    clean: Engine, migrated_url: str
+) -> None:
+    """A hard time limit: the worker stops claiming and exits for a restart; the stuck job is
+    not given back (its thread may still act), so it is reaped once the lease runs out."""
+    jobs = Jobs()
+    release = threading.Event()
+
+    @jobs.kind("stuck_sync", Pong, timeout=0.1)
+    def stuck_sync(args: Pong, ctx: JobContext) -> None:
+        release.wait(DEADLINE)
+
+    worker = Worker(jobs, migrated_url, poll_interval=0.2, stuck_grace=0.3, shutdown_timeout=0.2)
+    codes: list[int] = []
+    thread = threading.Thread(
+        target=lambda: codes.append(worker.run_sync(install_signal_handlers=False)), daemon=True
+    )
+    thread.start()
+    try:
+        assert worker.started.wait(DEADLINE)
+        (job_id,) = enqueue(clean, jobs, [Pong()])
+        thread.join(DEADLINE)
+        assert codes == [EXIT_STUCK]
         row = job_row(clean, job_id)
         assert row is not None
-        assert (row.state, row.attempts, row.lease_token) == ("pending", 1, None)
-        assert row.last_error == "timed out after 0.2s"
-        assert row.due_in > 0, "a timeout is a failure: the retry is backed off"
+        assert (row.state, row.attempts, row.interruptions) == ("running", 1, 0)
+        assert worker.counts["released"] == 0
+    finally:
+        release.set()
+        worker.stop()
+        thread.join(DEADLINE)
 
 
 # -- failures and backoff ---------------------------------------------------------------------------
@@ -483,12 +554,14 @@ def test_a_worker_that_lost_its_lease_cannot_complete_the_job_another_worker_rec
         "heartbeat": 0.5,
         "poll_interval": 0.2,
     }
-    a = Worker(jobs, migrated_url, name="frozen-a", **options)
+    paused = threading.Event()
+    a = Worker(
+        jobs, migrated_url, name="frozen-a", seams=WorkerSeams(heartbeats_paused=paused), **options
+    )
     b = Worker(jobs, migrated_url, name="rescuer-b", keep_history=True, **options)
     try:
         with running(a) as (a_thread,):
-            assert a.leases is not None
-            a.leases.frozen.set()  # A stops heartbeating, as a stalled process would
+            paused.set()  # A stops heartbeating, as a stalled process would
             (job_id,) = enqueue(clean, jobs, [Ping()])
             (first,) = runs.wait_for(lambda rs: len(rs) == 1, "A runs the job")
             assert first.worker == a.name
@@ -504,7 +577,7 @@ def test_a_worker_that_lost_its_lease_cannot_complete_the_job_another_worker_rec
                 )
                 assert held.last_error.startswith("lease expired: worker frozen-a")
                 # A beats again, learns the lease is gone and tells its handler.
-                a.leases.frozen.clear()
+                paused.clear()
                 assert first.ctx.lease_lost.wait(DEADLINE), "A's handler was not told"
                 first_may_finish.set()
                 a_thread.stop()  # flushes A's outcome: a completion under the old token
@@ -531,11 +604,17 @@ def test_a_completion_rejected_by_the_lease_fence_is_not_counted_as_done(
 ) -> None:
     jobs, runs, may_finish = held_kind("hold")
 
-    worker = Worker(jobs, migrated_url, concurrency=1, poll_interval=0.2)
+    paused = threading.Event()
+    paused.set()
+    worker = Worker(
+        jobs,
+        migrated_url,
+        concurrency=1,
+        poll_interval=0.2,
+        seams=WorkerSeams(heartbeats_paused=paused),
+    )
     try:
         with running(worker) as (wt,):
-            assert worker.leases is not None
-            worker.leases.frozen.set()
             (job_id,) = enqueue(clean, jobs, [Ping()])
             runs.wait_for(lambda rs: len(rs) == 1, "the handler runs")
             # Another worker takes the job over: its lease expired, was reaped and reclaimed.
@@ -582,27 +661,6 @@ def test_no_more_than_concurrency_handlers_run_at_once_whether_or_not_they_await
         wait_until(lambda: len(done) == 600 and count(clean) == 0, "all 600 jobs done")
     assert peak == 3
     assert sorted(done) == list(range(600))
-
-
-@pytest.mark.parametrize(
-    ("avg_runtime", "prefetch"),
-    [(1e-6, 512), (0.0005, 512), (0.01, 40), (0.05, 8), (0.051, 0), (3.0, 0)],
-)
-def test_the_automatic_prefetch_holds_about_a_tenth_of_a_second_of_work(
-    avg_runtime: float, prefetch: int
-) -> None:
-    jobs = Jobs()
-    jobs.register("work", Ping, lambda args, ctx: None)
-    worker = Worker(jobs, NOWHERE, concurrency=4)
-    assert worker._prefetch() == 0  # nothing measured yet: no prefetch
-    assert worker._claim_limit() == 4
-    worker._size_prefetch(avg_runtime)
-    assert worker._prefetch() == prefetch
-    # A claim asks for the free slots and at most 128 more: two claims fit in a big prefetch.
-    assert worker._claim_limit() == 4 + min(prefetch, 128)
-    fixed = Worker(jobs, NOWHERE, concurrency=4, prefetch=7)
-    fixed._size_prefetch(avg_runtime)
-    assert fixed._prefetch() == 7
 
 
 def test_stop_lets_running_handlers_finish_and_claims_nothing_more(
@@ -861,18 +919,6 @@ def open_gate(holder: psycopg.Connection[tuple[object, ...]]) -> None:
     holder.execute("SELECT pg_advisory_unlock(%s)", (GATE_LOCK,))
 
 
-class WakeWatcher(Worker):
-    """A worker that reports each wakeup (a NOTIFY, or the listener's reconnect) to the test."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.woken = threading.Event()
-
-    def wake(self) -> None:
-        super().wake()
-        self.woken.set()
-
-
 def _gate_and_ping(jobs: Jobs, runs: Runs) -> None:
     """Register a ``gate`` (Ping) and a ``ping`` (Pong) kind whose handlers record their runs."""
 
@@ -894,7 +940,7 @@ def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
     # claim is in flight.
     with gated_claims(clean, "gate") as holder:
         gate_id = insert_raw(clean, "gate", "{}")
-        worker = WakeWatcher(jobs, migrated_url, listen=True, poll_interval=30.0)
+        worker = Worker(jobs, migrated_url, listen=True, poll_interval=30.0)
         with running(worker):
             wait_until(
                 lambda: gate_waiters(clean) == ["claim"],
@@ -903,9 +949,11 @@ def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
             listener = worker.listener
             assert listener is not None
             wait_until(lambda: listener.connects == 1, "listener connected")
-            worker.woken.clear()
+            wakeups = worker.wakeups
+            assert wakeups is not None
+            before = wakeups.count
             (ping_id,) = enqueue(clean, jobs, [Pong()])
-            assert worker.woken.wait(DEADLINE), "the NOTIFY did not reach the worker"
+            wait_until(lambda: wakeups.count > before, "the NOTIFY reaches the worker")
             open_gate(holder)
             runs.wait_for(lambda rs: any(r.job_id == gate_id for r in rs), "the gate job ran")
             runs.wait_for(
@@ -931,13 +979,15 @@ def _parked(worker: Worker) -> Callable[[], bool]:
     loop claim on its own connection (failed in CI when the LISTEN came late)."""
 
     def ready() -> bool:
-        listener, parked = worker.listener, worker._parked
+        listener, handoff, wakeups = worker.listener, worker.handoff, worker.wakeups
+        parked = handoff.parked if handoff is not None else None
         return (
             listener is not None
+            and wakeups is not None
             and listener.connected.is_set()
-            and not worker._wake_pending
+            and not wakeups.pending
             and parked is not None
-            and parked[1] == worker._wakeups
+            and parked[1] == wakeups.count
         )
 
     return ready
@@ -1044,15 +1094,21 @@ def test_worker_recovers_when_its_claim_connection_is_terminated(
 # -- a busy worker's second claim connection ----------------------------------------------------------
 
 
-class PeakHeld(Worker):
+class PeakHoldings(Holdings):
     """Records the most jobs the worker held (running and buffered) just after a claim."""
 
     peak = 0
 
-    def _take(self, rows: list[Any]) -> int:
-        taken = super()._take(rows)
-        self.peak = max(self.peak, len(self._active) + len(self._buffer))
+    def take(self, rows: Iterable[Any], now: float) -> int:
+        taken = super().take(rows, now)
+        self.peak = max(self.peak, len(self.running) + len(self.buffer))
         return taken
+
+
+def peak_held(worker: Worker) -> PeakHoldings:
+    """Put a :class:`PeakHoldings` in ``worker`` (before it runs)."""
+    holdings = worker.holdings = PeakHoldings()
+    return holdings
 
 
 def roles_of(engine: Engine, worker: Worker) -> list[str]:
@@ -1083,20 +1139,23 @@ def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
         (one,) = enqueue(clean, jobs, [Ping(n=0)])
         wait_until(lambda: count(clean) == 0, "the one job done")
         assert roles_of(clean, idle).count("claim2") == 0
-    assert idle._lanes[1].conn is None, "one job needs no second connection"
-    assert idle._lanes[1].claimed == 0
+    assert idle.lanes is not None
+    assert idle.lanes.lanes[1].conn is None, "one job needs no second connection"
+    assert idle.lanes.lanes[1].claimed == 0
 
-    busy = PeakHeld(jobs, migrated_url, concurrency=4, poll_interval=0.2, name="busy")
+    busy = Worker(jobs, migrated_url, concurrency=4, poll_interval=0.2, name="busy")
+    held = peak_held(busy)
     with running(busy):
         ids = enqueue(clean, jobs, [Ping(n=i) for i in range(6000)])
         wait_until(lambda: count(clean) == 0, "all 6000 jobs done", timeout=60)
         assert "claim2" in roles_of(clean, busy)
-    assert busy._lanes[1].claimed > 0, "the second lane never claimed"
+    assert busy.lanes is not None
+    assert busy.lanes.lanes[1].claimed > 0, "the second lane never claimed"
     assert set(executions) == {one, *ids}
     assert max(executions.values()) == 1, "a job ran twice"
     assert busy.counts["done"] == 6000
     # Two claims in flight at once still share the worker's room: slots plus the largest prefetch.
-    assert busy.peak <= 4 + 512, busy.peak
+    assert held.peak <= 4 + 512, held.peak
 
 
 def test_claims_in_flight_on_both_connections_never_take_more_than_the_room(
@@ -1108,12 +1167,13 @@ def test_claims_in_flight_on_both_connections_never_take_more_than_the_room(
     async def ping(args: Ping, ctx: JobContext) -> None:
         await asyncio.sleep(0.001)
 
-    worker = PeakHeld(jobs, migrated_url, concurrency=4, prefetch=60, poll_interval=0.2)
+    worker = Worker(jobs, migrated_url, concurrency=4, prefetch=60, poll_interval=0.2)
+    held = peak_held(worker)
     with running(worker):
         enqueue(clean, jobs, [Ping(n=i) for i in range(3000)])
         wait_until(lambda: count(clean) == 0, "all 3000 jobs done", timeout=60)
     assert worker.counts["done"] == 3000
-    assert 0 < worker.peak <= 4 + 60, worker.peak
+    assert 0 < held.peak <= 4 + 60, held.peak
 
 
 def test_a_killed_second_claim_connection_loses_no_job(clean: Engine, migrated_url: str) -> None:

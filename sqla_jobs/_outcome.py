@@ -1,0 +1,85 @@
+"""What happens to a job: the outcome rules, shared by the worker and ``sqla_jobs.testing``.
+
+One place decides how a run ends: an unknown kind (or a kind without a handler) is a failure with
+the default backoff, because a deploy may have the enqueuer ahead of the worker; a payload that no
+longer validates against its kind's model is dead at once, because no retry can heal it; a
+handler's exception or timeout is a failure with the kind's backoff; a normal return completes the
+job. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from ._sql import WorkerSQL
+from .backoff import DEFAULT_BACKOFF, Backoff
+from .context import ClaimedJob
+from .jobs import Jobs
+from .kinds import Kind, describe_errors, load_payload
+from .model import MAX_ERROR_CHARS
+
+
+class HandlerTimeout(Exception):
+    """The handler ran past its kind's timeout."""
+
+
+@dataclass(eq=False)
+class Outcome:
+    """How one run of ``job`` ended: completed when ``error`` is None; otherwise a failure, retried
+    with ``backoff`` unless ``dead`` (or the failure budget is spent, which the database decides)."""
+
+    job: ClaimedJob
+    error: str | None = None
+    dead: bool = False
+    backoff: Backoff = DEFAULT_BACKOFF
+
+
+def resolve(jobs: Jobs, job: ClaimedJob) -> tuple[Kind, Any] | Outcome:
+    """The kind and the decoded payload of ``job``, ready to run; or, for a job that cannot run,
+    its outcome (unknown kind: a failure; a payload that no longer validates: dead)."""
+    kind = jobs.get(job.kind)
+    if kind is None or kind.handler is None:
+        return Outcome(
+            job,
+            error=f"unknown kind {job.kind!r}: this worker has no handler for it "
+            "(is a deploy in progress?)",
+        )
+    try:
+        return kind, load_payload(kind.model, job.payload)
+    except ValidationError as exc:
+        return Outcome(
+            job,
+            error=f"payload no longer validates against {kind.model.__qualname__}: "
+            + describe_errors(exc),
+            dead=True,
+            backoff=kind.options.backoff,
+        )
+
+
+def failed(job: ClaimedJob, kind: Kind, exc: BaseException) -> Outcome:
+    """The outcome of a handler that raised ``exc`` (or timed out)."""
+    error = str(exc) if isinstance(exc, HandlerTimeout) else describe(exc)
+    return Outcome(job, error=error, backoff=kind.options.backoff)
+
+
+def describe(exc: BaseException) -> str:
+    """``Class: message (at file:line)``, truncated: logs and ``last_error`` must not carry
+    trace storms (the fail statement truncates again)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}"[: MAX_ERROR_CHARS - len(where)] + where
+
+
+def fail_params(sql: WorkerSQL, outcome: Outcome) -> dict[str, Any]:
+    """The fail statement's parameters for a failed ``outcome``."""
+    return sql.fail.params(
+        id=outcome.job.id,
+        token=outcome.job.lease_token,
+        error=outcome.error,
+        force_dead=outcome.dead,
+        **outcome.backoff.sql_params(),
+    )

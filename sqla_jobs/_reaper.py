@@ -1,0 +1,88 @@
+"""The reaper thread: returns jobs whose lease expired (their worker died or froze) to the queue.
+
+Any number of workers may reap at once: the reap statement skips rows another reaper (or a
+heartbeat) holds. It runs on its own thread and connection, on its own schedule, so it is never
+rounded up to a heartbeat tick and never waits behind a renewal. Each queue it puts jobs back into
+is notified, so idle workers pick the rescued jobs up at once instead of at their next poll.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from ._connections import Conn, Connector, Reconnects, close_quietly, serve
+from ._sql import WorkerSQL
+
+log = logging.getLogger("sqla_jobs.worker")
+
+#: Rows reaped per statement: a short transaction, whatever the backlog.
+_BATCH = 100
+
+
+class Reaper(threading.Thread):
+    """Every ``interval`` seconds, reap every expired lease (in batches) and wake the queues
+    they go back to through ``channel``."""
+
+    def __init__(
+        self, *, connector: Connector, sql: WorkerSQL, interval: float, channel: str
+    ) -> None:
+        super().__init__(name=f"sqla-jobs-reaper-{connector.worker}", daemon=True)
+        self._connector = connector
+        self._sql = sql
+        self._interval = interval
+        self._channel = channel
+        self._stop_event = threading.Event()
+        self._conn: Conn | None = None
+        self.reaped = 0
+
+    def stop(self) -> None:
+        """Ask the thread to finish its current pass and exit."""
+        self._stop_event.set()
+
+    def run(self) -> None:
+        reconnects = Reconnects("reaper connection", "lease_conn_lost")
+        serve(self._stop_event, self._step, reconnects, close=self._close)
+
+    def _step(self) -> float:
+        self.reap()
+        return self._interval
+
+    def _connection(self) -> Conn:
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connector.connect("reaper", connect_timeout=5)
+        return self._conn
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        close_quietly(conn)
+
+    def reap(self) -> int:
+        """Return expired leases to the queue (or dead), wake their queues; the number reaped."""
+        total = 0
+        woken: set[str] = set()
+        conn = self._connection()
+        while True:
+            rows = conn.execute(self._sql.reap.sql, self._sql.reap.params(limit=_BATCH)).fetchall()
+            for job_id, kind, state, crashes, locked_by, queue in rows:
+                log.warning(
+                    "reaped job %s (%s) from worker %s: crash %s, now %s",
+                    job_id,
+                    kind,
+                    locked_by,
+                    crashes,
+                    state,
+                    extra={"event": "reaped", "job_id": job_id, "kind": kind, "state": state},
+                )
+                if state == "pending" and queue not in woken:
+                    # After the reap committed (autocommit): a woken worker sees the rows.
+                    conn.execute(
+                        self._sql.notify.sql,
+                        self._sql.notify.params(channel=self._channel, queue=queue),
+                    )
+                    woken.add(str(queue))
+            total += len(rows)
+            if len(rows) < _BATCH:
+                break
+        self.reaped += total
+        return total

@@ -1,0 +1,198 @@
+"""The slots that run handlers: up to ``concurrency`` tasks, each running buffered jobs one after
+another; async handlers on the event loop, sync handlers on runner threads.
+
+Timeouts. An async handler past its kind's timeout is cancelled and the run fails. A sync handler
+cannot be interrupted (Python threads cannot be killed), so its job stays ``running``, its lease
+renewed and its slot taken, until the thread really returns; only then does the run fail as timed
+out. Its retry, and the next job of its concurrency key, can therefore never start while it still
+runs. A sync handler still running ``stuck_grace`` seconds past its timeout is stuck: the worker
+stops claiming and exits (code 3) so that a supervisor restarts it, and the job, never given back,
+is reaped once the process is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ._holdings import Holdings, Running
+from ._outcome import HandlerTimeout, Outcome, failed, resolve
+from ._prefetch import Prefetch
+from ._threads import SyncRunners
+from ._wakeups import Wakeups
+from .context import ClaimedJob, JobContext, Recorder
+from .jobs import Jobs
+from .kinds import Kind
+
+log = logging.getLogger("sqla_jobs.worker")
+
+#: A slot yields to the event loop at least once per this many jobs.
+_YIELD_EVERY = 16
+
+
+class Slots:
+    """Runs the buffered jobs of ``holdings`` on at most ``concurrency`` slot tasks."""
+
+    def __init__(
+        self,
+        *,
+        jobs: Jobs,
+        worker: str,
+        concurrency: int,
+        holdings: Holdings,
+        prefetch: Prefetch,
+        wakeups: Wakeups,
+        recorder: Recorder,
+        lanes: int,
+        stuck_grace: float,
+        on_stuck: Callable[[Running], None],
+        loop_has_work: Callable[[], bool],
+    ) -> None:
+        self._jobs = jobs
+        self._worker = worker
+        self._concurrency = concurrency
+        self._holdings = holdings
+        self._prefetch = prefetch
+        self._wakeups = wakeups
+        self._recorder = recorder
+        self._lanes = lanes
+        self._stuck_grace = stuck_grace
+        self._on_stuck = on_stuck
+        self._loop_has_work = loop_has_work
+        #: The slot tasks alive; also the only strong references to them (the loop keeps weak).
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._turn = 0
+        #: inspect.iscoroutinefunction per handler, computed once (it costs ~1.5 us per call).
+        self._is_async: dict[Any, bool] = {}
+        self._runners: SyncRunners | None = None
+
+    def fill(self) -> None:
+        """Give the buffered jobs to free slots. One task per slot rather than per job: creating
+        and scheduling a task costs more than running a short job."""
+        idle = min(self._concurrency - len(self.tasks), len(self._holdings.buffer))
+        if self._wakeups.stopping or idle <= 0:
+            return
+        for _ in range(idle):
+            self._turn += 1
+            task = asyncio.create_task(self._slot(), name=f"sqla-jobs-slot-{self._turn}")
+            self.tasks.add(task)
+
+    def close(self) -> None:
+        """Let the runner threads exit once their current call returns."""
+        if self._runners is not None:
+            self._runners.close()
+
+    async def _slot(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        holdings, wakeups = self._holdings, self._wakeups
+        ran = 0
+        try:
+            while holdings.buffer and not wakeups.stopping:
+                job = holdings.buffer.popleft()
+                holdings.buffered_at = time.monotonic()
+                await self.run(job, task)
+                ran += 1
+                # Handlers that never await would hold the loop for the whole buffer: yield when
+                # the fetch loop has a round trip to start, and every few jobs (which also lets a
+                # round trip's result in). Not after every job: each yield is a turn of the loop.
+                if (
+                    wakeups.event.is_set() and wakeups.in_flight < self._lanes
+                ) or ran % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+        finally:
+            self.tasks.discard(task)
+
+    async def run(self, job: ClaimedJob, task: asyncio.Task[Any] | None) -> None:
+        """Run one job to its outcome (left in the holdings for the fetch loop to write)."""
+        resolved = resolve(self._jobs, job)
+        timeout = None if isinstance(resolved, Outcome) else resolved[0].options.timeout
+        ctx = JobContext.for_job(job, self._worker, self._recorder, timeout)
+        running = self._holdings.start(job, ctx, task)
+        started = time.monotonic()
+        outcome: Outcome | None = None
+        try:
+            if isinstance(resolved, Outcome):
+                outcome = resolved
+            else:
+                kind, args = resolved
+                try:
+                    await self._call(kind, args, running)
+                    outcome = Outcome(job)
+                except asyncio.CancelledError:
+                    raise  # at the shutdown timeout: no outcome; the job is given back
+                except Exception as exc:
+                    outcome = failed(job, kind, exc)
+        finally:
+            now = time.monotonic()
+            self._prefetch.observe(now - started)
+            self._holdings.end(running, outcome, now)
+            wakeups = self._wakeups
+            if job.concurrency_key is not None:
+                # Its key has room again: look for the key's next job without waiting for a poll.
+                wakeups.undrain()
+            if wakeups.stopping or self._loop_has_work():
+                wakeups.event.set()
+
+    async def _call(self, kind: Kind, args: Any, running: Running) -> None:
+        handler = kind.handler
+        assert handler is not None
+        is_async = self._is_async.get(handler)
+        if is_async is None:
+            is_async = self._is_async[handler] = inspect.iscoroutinefunction(handler)
+        timeout = kind.options.timeout
+        if is_async:
+            call: Any = handler(args, running.ctx)
+            if timeout is None:
+                result = await call
+            else:
+                try:
+                    result = await asyncio.wait_for(call, timeout)
+                except asyncio.TimeoutError:  # not the built-in TimeoutError before 3.11
+                    raise HandlerTimeout(f"timed out after {timeout:g}s") from None
+        else:
+            if self._runners is None:
+                self._runners = SyncRunners(
+                    asyncio.get_running_loop(), self._concurrency, "sqla-jobs-handler"
+                )
+            future = self._runners.submit(handler, args, running.ctx)
+            try:
+                result = await self._sync_result(future, timeout, running)
+            finally:
+                future.cancel()  # cancelled at shutdown: the runner drops the result
+        if result is not None and inspect.isawaitable(result):
+            await result
+
+    async def _sync_result(
+        self, future: asyncio.Future[Any], timeout: float | None, running: Running
+    ) -> Any:
+        if timeout is None:
+            return await future
+        done, _ = await asyncio.wait({future}, timeout=timeout)
+        if done:
+            return future.result()
+        job = running.job
+        log.warning(
+            "job %s (%s) passed its timeout of %gs; its sync handler cannot be interrupted: the "
+            "job stays running until the handler returns",
+            job.id,
+            job.kind,
+            timeout,
+            extra={"event": "timeout_overrun", "job_id": job.id, "kind": job.kind},
+        )
+        done, _ = await asyncio.wait({future}, timeout=self._stuck_grace)
+        if not done:
+            running.stuck = True
+            self._on_stuck(running)
+            await asyncio.shield(future)  # until it returns, or the shutdown cancels this task
+        took = time.monotonic() - (running.ctx.deadline or 0.0) + timeout
+        error = future.exception()
+        detail = f": {type(error).__name__}" if error is not None else ""
+        raise HandlerTimeout(
+            f"timed out after {timeout:g}s (the sync handler returned {took:.1f}s after it "
+            f"started{detail})"
+        )
