@@ -123,8 +123,8 @@ def test_a_row_lock_on_one_running_job_delays_only_that_jobs_lease_renewal(
             )
             locked_at = time.monotonic()
             before = leases(clean, others)
-            fleet.wait_started(fleet.spawn())
             witness = lapse_witness(clean, LOCK_HOLD_S)
+            fleet.wait_started(fleet.spawn())
             wait_until(
                 lambda: reaped(clean, witness),
                 f"a reap {LOCK_HOLD_S} s after the lock was taken",
@@ -149,7 +149,7 @@ def test_a_row_lock_on_one_running_job_delays_only_that_jobs_lease_renewal(
         f"{fleet.logs()}"
     )
     for job_id in others:
-        token, expires = during[job_id]
+        token, expires = during.get(job_id, (None, None))
         assert token == before[job_id][0], f"job {job_id} changed hands while another was locked"
         assert expires is not None, f"job {job_id}: no lease while job {locked} was locked"
         assert expires > db_now, (
