@@ -347,7 +347,12 @@ def test_jobs_rescued_after_a_crash_run_at_near_normal_throughput(
     clean: Engine, migrated_url: str, figures: Figures, tmp_path: Path
 ) -> None:
     """A worker SIGKILLed while holding hundreds of prefetched jobs: once their leases expire, two
-    fresh workers run them all within seconds, and none goes dead."""
+    fresh workers run them all within seconds, and none goes dead.
+
+    The rescued jobs each carry a crash. A job that crashes its worker on every run must still
+    not take the healthy jobs held with it dead (``test_poison.py``): crashed jobs may be kept
+    apart, but not run at one per worker per poll.
+    """
     reset_fault_tables(clean)
     with Session(clean) as session:
         ids = jobs.enqueue_many(session, [Sleep(ms=50) for _ in range(RESCUE_JOBS)])
