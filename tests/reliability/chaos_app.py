@@ -215,13 +215,15 @@ class Fleet:
     log_dir: Path
     options: tuple[str, ...]
     workers: list[WorkerProcess] = field(default_factory=list)
+    #: The ``MODULE:ATTR`` the workers run (another scenario app, e.g. ``fault_app``).
+    target: str = TARGET
 
     def spawn(self) -> WorkerProcess:
         app_name = f"chaos-w{len(self.workers)}"
         log_path = self.log_dir / f"{app_name}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "sqla_jobs.cli", "worker", TARGET, *self.options],
+                [sys.executable, "-m", "sqla_jobs.cli", "worker", self.target, *self.options],
                 cwd=REPO,
                 env={**cli_env(self.database_url), "PGAPPNAME": app_name},
                 stdout=subprocess.DEVNULL,
