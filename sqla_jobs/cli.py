@@ -4,6 +4,8 @@ Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 ba
 configuration (including a bad ``MODULE:ATTR``); 3 the database cannot be reached; 4 the database is
 not migrated (no queue table where the command looks, or an older one); 130 a worker forced out by
 a second SIGTERM/SIGINT.
+
+An unexpected database error is one line on stderr; SQLA_JOBS_DEBUG=1 shows its traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import psycopg
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ._db import ENV_VAR, libpq_conninfo, redact
 from ._preflight import check_job_table
@@ -281,6 +284,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except (psycopg.Error, SQLAlchemyError) as exc:
+        if os.environ.get("SQLA_JOBS_DEBUG") == "1":
+            raise
+        print(f"sqla-jobs: error: {_database_error(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _database_error(exc: psycopg.Error | SQLAlchemyError) -> str:
+    """One line naming an unexpected database error (SQLAlchemy's wrapper unwrapped)."""
+    cause: BaseException = exc.orig if isinstance(exc, DBAPIError) and exc.orig else exc
+    lines = str(cause).strip().splitlines()
+    first = lines[0] if lines else "(no message)"
+    return (
+        f"database error ({type(cause).__name__}): {first} (SQLA_JOBS_DEBUG=1 shows the traceback)"
+    )
 
 
 if __name__ == "__main__":
