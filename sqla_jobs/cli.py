@@ -1,8 +1,11 @@
 """The ``sqla-jobs`` command: ``worker``, ``stats``, ``migrate`` and ``demo``.
 
 Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 bad usage or
-configuration (including a bad ``MODULE:ATTR``); 3 the database cannot be reached; 130 a worker
-forced out by a second SIGTERM/SIGINT.
+configuration (including a bad ``MODULE:ATTR``); 3 the database cannot be reached; 4 the database is
+not migrated (no queue table where the command looks, or an older one); 130 a worker forced out by
+a second SIGTERM/SIGINT.
+
+An unexpected database error is one line on stderr; SQLA_JOBS_DEBUG=1 shows its traceback.
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 import psycopg
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from ._db import ENV_VAR, libpq_conninfo, redact
-from .errors import ConfigurationError, SqlaJobsError
+from ._preflight import check_job_table
+from .errors import ConfigurationError, NotMigratedError, SqlaJobsError
 from .jobs import Jobs
 
 T = TypeVar("T", int, float)
@@ -26,6 +31,7 @@ EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
+EXIT_NOT_MIGRATED = 4
 
 
 class CLIError(Exception):
@@ -105,6 +111,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         prepared_statements=not args.no_prepared_statements,
     )
     check_reachable(url)
+    # Before run_sync: a missing table must stop the worker before it starts any thread.
+    check_job_table(
+        url, jobs.schema, lambda schema: f"set Jobs(schema={schema!r}) in {args.target}"
+    )
     return worker.run_sync()
 
 
@@ -115,6 +125,11 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     url = _database_url(args)
     check_reachable(url)
+    check_job_table(
+        url,
+        args.schema,
+        lambda schema: f"run with --schema {schema} (or SQLA_JOBS_SCHEMA={schema})",
+    )
     old = None if args.old_transaction is None else timedelta(seconds=args.old_transaction)
     print(render(collect(url, schema=args.schema, old_transaction=old)))
     return EXIT_OK
@@ -147,13 +162,17 @@ def _number_env(name: str, kind: type[T], default: T | None) -> T | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sqla-jobs", description=__doc__.split("\n")[0])
+    doc = __doc__.split("\n\n")
+    epilog = "\n\n".join(doc[1:]).replace("``", "")
+    parser = argparse.ArgumentParser(prog="sqla-jobs", description=doc[0], epilog=epilog)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def db(p: argparse.ArgumentParser) -> None:
         p.add_argument("--database-url", help=f"PostgreSQL URL (default: ${ENV_VAR})")
 
-    w = sub.add_parser("worker", help="run the handlers of MODULE:ATTR (a sqla_jobs.Jobs)")
+    w = sub.add_parser(
+        "worker", help="run the handlers of MODULE:ATTR (a sqla_jobs.Jobs)", epilog=epilog
+    )
     w.add_argument("target", metavar="MODULE:ATTR")
     db(w)
     w.add_argument(
@@ -220,7 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="default INFO")
     w.set_defaults(func=cmd_worker)
 
-    s = sub.add_parser("stats", help="jobs per queue and state, queue latency, table health")
+    s = sub.add_parser(
+        "stats", help="jobs per queue and state, queue latency, table health", epilog=epilog
+    )
     db(s)
     s.add_argument("--schema", default=_env("SCHEMA"), help="schema of the queue table")
     s.add_argument(
@@ -251,6 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         code: int = args.func(args)
         return code
+    except NotMigratedError as exc:
+        print(f"sqla-jobs: error: {exc.problem}", file=sys.stderr)
+        print(f"sqla-jobs: {exc.fix}", file=sys.stderr)
+        return EXIT_NOT_MIGRATED
     except CLIError as exc:
         print(f"sqla-jobs: error: {exc}", file=sys.stderr)
         return exc.code
@@ -259,6 +284,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except (psycopg.Error, SQLAlchemyError) as exc:
+        if os.environ.get("SQLA_JOBS_DEBUG") == "1":
+            raise
+        print(f"sqla-jobs: error: {_database_error(exc)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _database_error(exc: psycopg.Error | SQLAlchemyError) -> str:
+    """One line naming an unexpected database error (SQLAlchemy's wrapper unwrapped)."""
+    cause: BaseException = exc.orig if isinstance(exc, DBAPIError) and exc.orig else exc
+    lines = str(cause).strip().splitlines()
+    first = lines[0] if lines else "(no message)"
+    return (
+        f"database error ({type(cause).__name__}): {first} (SQLA_JOBS_DEBUG=1 shows the traceback)"
+    )
 
 
 if __name__ == "__main__":

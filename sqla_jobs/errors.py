@@ -67,3 +67,13 @@ class LeaseLostError(SqlaJobsError):
 
 class StepError(SqlaJobsError):
     """A durable step was misused: an empty name, or a result that is not JSON-serializable."""
+
+
+class NotMigratedError(SqlaJobsError):
+    """The queue table is missing, in another schema than the one looked in, or older than this
+    version of sqla-jobs needs. ``problem`` says which; ``fix`` is a clause saying what to run or set ("to create it, run ...")."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem}; {fix}")
+        self.problem = problem
+        self.fix = fix

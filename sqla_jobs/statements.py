@@ -717,3 +717,28 @@ def oldest_transaction() -> Select[tuple[object, ...]]:
             "ORDER BY xact_start LIMIT 1"
         )
     )
+
+
+def find_job_tables() -> Select[tuple[object, ...]]:
+    """Every queue table in the database, one row per schema holding a ``sqla_jobs_job``: the
+    schema, whether it is the table the queue's statements reach (``:schema``, or with NULL the one
+    an unqualified name resolves to through the search_path), and its column names. The wanted table
+    comes first, then the others by schema.
+
+    Reads the catalog only (``pg_class``, ``pg_namespace``, ``pg_attribute``): no lock on the table
+    and no privilege on it or its schema needed, so it runs as any role before anything else does.
+    """
+    return select(
+        text(
+            "n.nspname AS schema, "
+            "CASE WHEN CAST(:schema AS text) IS NULL "
+            "THEN (c.oid = to_regclass('sqla_jobs_job')) IS TRUE "
+            "ELSE n.nspname = CAST(:schema AS text) END AS wanted, "
+            "ARRAY(SELECT CAST(a.attname AS text) FROM pg_attribute AS a "
+            "WHERE a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped "
+            "ORDER BY a.attnum) AS columns "
+            "FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+            "WHERE c.relname = 'sqla_jobs_job' AND c.relkind IN ('r', 'p') "
+            "ORDER BY wanted DESC, n.nspname"
+        )
+    )

@@ -41,6 +41,7 @@ KNOWN = {
     "stats_by_queue",
     "table_health",
     "oldest_transaction",
+    "find_job_tables",
 }
 
 
@@ -146,3 +147,12 @@ def test_state_constants_are_sql_literals_not_bound_parameters(
     # No parameter compares or assigns the state column either.
     assert "state = %(" not in sql
     assert "state=%(" not in sql
+
+
+def test_find_job_tables_resolves_an_unqualified_name_as_the_queue_statements_do() -> None:
+    """Without a schema the wanted table is the one the search_path resolves to (``to_regclass``),
+    not the one in ``current_schema()``: the first schema of the search_path need not hold it."""
+    sql = str(compile_pg(statements.find_job_tables()))
+    assert "to_regclass('sqla_jobs_job')" in sql
+    assert "current_schema()" not in sql
+    assert "FROM pg_class AS c JOIN pg_namespace AS n" in sql
