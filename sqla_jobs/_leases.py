@@ -82,6 +82,9 @@ class LeaseKeeper(threading.Thread):
 
     def _step(self) -> float:
         started = time.monotonic()
+        # Connected from the start, held or not: a job's lease must be renewable even while the
+        # database refuses new connections (the worker's other connections may be down then).
+        self._connection()
         if not self._paused.is_set():
             self.beat()
         return max(0.0, self._heartbeat - (time.monotonic() - started))

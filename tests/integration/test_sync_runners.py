@@ -1,9 +1,11 @@
-"""Sync handlers run on dedicated threads; a handler stuck past its timeout costs no capacity."""
+"""Sync handlers run on dedicated threads; a handler past its timeout keeps its slot (its thread
+cannot be stopped) until it returns, and no longer."""
 
 from __future__ import annotations
 
 import threading
 
+import pytest
 from pydantic import BaseModel
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
@@ -21,8 +23,8 @@ class Quick(BaseModel):
     n: int
 
 
-def test_a_timed_out_sync_handler_does_not_take_the_workers_only_slot_forever(
-    clean: Engine, migrated_url: str
+def test_a_timed_out_sync_handler_keeps_the_only_slot_until_it_returns_then_frees_it(
+    clean: Engine, migrated_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     jobs = Jobs()
     release = threading.Event()
@@ -41,12 +43,21 @@ def test_a_timed_out_sync_handler_does_not_take_the_workers_only_slot_forever(
         jobs.enqueue(s, Quick(n=1))
     try:
         with running_workers(jobs, migrated_url, concurrency=1, poll_interval=0.1, lease=3):
-            # The stuck handler still blocks its thread, yet the next job runs on a replacement.
-            assert quick_ran.wait(10), "the quick job never ran: the stuck thread kept the slot"
             wait_until(
-                lambda: _state(clean, "stuck") == ("dead", "timed out after 0.3s"),
+                lambda: any(getattr(r, "event", "") == "timeout_overrun" for r in caplog.records),
+                what="the worker to see the handler pass its timeout",
+            )
+            assert _state(clean, "stuck") == ("running", None)
+            assert not quick_ran.is_set(), "a second handler ran beside the one in the only slot"
+            release.set()
+            assert quick_ran.wait(10), "the quick job never ran once the slot was free"
+            wait_until(
+                lambda: (_state(clean, "stuck") or ("", ""))[0] == "dead",
                 what="the stuck job to be dead after its timeout",
             )
+            state = _state(clean, "stuck")
+            assert state is not None
+            assert state[1].startswith("timed out after 0.3s (the sync handler returned ")
     finally:
         release.set()
 

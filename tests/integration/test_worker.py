@@ -25,10 +25,10 @@ from sqlalchemy import Engine, Row, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Backoff, ConfigurationError, JobContext, Jobs, Worker
+from sqla_jobs._db import libpq_conninfo
 from sqla_jobs._holdings import Holdings
 from sqla_jobs.testing import WorkerSeams
 from sqla_jobs.worker import EXIT_STUCK
-from sqla_jobs._db import libpq_conninfo
 from tests._waiting import wait_until
 
 T = TypeVar("T")
@@ -385,7 +385,8 @@ def test_a_sync_handler_past_its_timeout_keeps_its_job_running_until_it_returns_
     assert row.last_error.startswith("timed out after 0.2s (the sync handler returned ")
     assert row.due_in > 0, "a timeout is a failure: the retry is backed off"
     (left,) = deadlines
-    assert left is not None and 0 < left <= 0.2
+    assert left is not None
+    assert 0 < left <= 0.2
 
 
 def test_a_sync_handler_stuck_past_its_grace_stops_the_worker_with_exit_3_and_keeps_its_job(

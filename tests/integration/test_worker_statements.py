@@ -365,3 +365,103 @@ def test_reaping_leaves_live_leases_alone(conn: Conn) -> None:
 def test_claim_returns_the_columns_in_the_order_the_worker_unpacks_them() -> None:
     for stmt in (statements.claim(), statements.claim_keyed()):
         assert [c.name for c in stmt.selected_columns] == list(ClaimedJob._fields)
+
+
+# -- the fence pairs ids with tokens; a row lock delays only its own renewal -----------------------
+
+
+def test_the_fence_matches_id_token_pairs_not_two_sets(conn: Conn) -> None:
+    """Two claims of one worker: one claim's id with the other claim's token matches nothing."""
+    a_id, b_id = add_jobs(conn, 2)
+    (a,) = claim(conn, 1)
+    (b,) = claim(conn, 1)
+    crossed = {"ids": [a_id, b_id], "tokens": [b["lease_token"], a["lease_token"]]}
+    for name in ("complete", "heartbeat", "release"):
+        params = getattr(SQL, name).params(**crossed, lease=timedelta(hours=1))
+        cur = conn.execute(getattr(SQL, name).sql, params)
+        assert cur.rowcount == 0, f"{name} paired one claim's id with another claim's token"
+    paired = {"ids": [a_id, b_id], "tokens": [a["lease_token"], b["lease_token"]]}
+    assert conn.execute(SQL.complete.sql, SQL.complete.params(**paired)).rowcount == 2
+
+
+def test_heartbeat_skips_a_row_locked_by_another_session_and_renews_the_others(
+    conn: Conn, migrated_url: str
+) -> None:
+    locked_id, free_id = add_jobs(conn, 2)
+    locked, free = claim(conn, 2)
+    held = {
+        "ids": [locked_id, free_id],
+        "tokens": [locked["lease_token"], free["lease_token"]],
+    }
+    with connect(migrated_url) as operator:
+        operator.execute("SELECT id FROM sqla_jobs_job WHERE id = %s FOR UPDATE", (locked_id,))
+        conn.execute("SET lock_timeout = '5s'")  # a wait would fail the test, not hang it
+        rows = conn.execute(
+            SQL.heartbeat.sql, SQL.heartbeat.params(**held, lease=timedelta(hours=1))
+        ).fetchall()
+        assert [r["id"] for r in rows] == [free_id], "the renewal waited for, or took, the lock"
+        # Lost or locked? A plain read says: still ours.
+        still = conn.execute(SQL.held_leases.sql, SQL.held_leases.params(**held)).fetchall()
+        assert sorted(r["id"] for r in still) == sorted([locked_id, free_id])
+        operator.rollback()
+    assert row(conn, free_id)["lease_left"] > 3500
+    assert row(conn, locked_id)["lease_left"] < 31
+
+
+def test_release_of_started_jobs_counts_an_interruption_not_an_attempt(conn: Conn) -> None:
+    (job_id,) = add_jobs(conn, 1)
+    (claimed,) = claim(conn, 1)
+    conn.execute(
+        SQL.release.sql,
+        SQL.release.params(ids=[job_id], tokens=[claimed["lease_token"]], interrupted=True),
+    )
+    after = row(conn, job_id)
+    assert (after["state"], after["attempts"], after["crashes"], after["interruptions"]) == (
+        "pending",
+        0,
+        0,
+        1,
+    )
+
+
+def test_keep_completed_leaves_the_row_terminal_and_out_of_every_claim(conn: Conn) -> None:
+    (job_id,) = add_jobs(conn, 1)
+    (claimed,) = claim(conn, 1)
+    conn.execute(
+        SQL.keep_completed.sql,
+        SQL.keep_completed.params(id=job_id, token=claimed["lease_token"], error="fk"),
+    )
+    after = row(conn, job_id)
+    assert (after["state"], after["last_error"], after["lease_token"]) == ("completed", "fk", None)
+    assert claim(conn, 10) == []
+    expire(conn, job_id)
+    assert reap(conn) == []
+
+
+@pytest.mark.parametrize(
+    ("crashed_ok", "last_life_ok", "expected"),
+    [
+        (True, True, {"fresh", "crashed", "last_life"}),
+        (True, False, {"fresh", "crashed"}),  # holds a crashed job: no last-life job with it
+        (False, False, {"fresh"}),  # holds a last-life job: no other crashed job with it
+    ],
+)
+def test_the_claim_keeps_a_job_on_its_last_crash_life_apart_from_other_crashed_jobs(
+    conn: Conn, crashed_ok: bool, last_life_ok: bool, expected: set[str]
+) -> None:
+    names = {}
+    for name, crashes in (("fresh", 0), ("crashed", 1), ("last_life", 2)):
+        (job_id,) = add_jobs(conn, 1, crashes=crashes, attempts=crashes, max_crashes=3)
+        names[job_id] = name
+    rows = conn.execute(
+        SQL.claim.sql,
+        SQL.claim.params(
+            queue="default",
+            limit=10,
+            lease=LEASE,
+            worker="w",
+            crashed_ok=crashed_ok,
+            last_life_ok=last_life_ok,
+        ),
+    ).fetchall()
+    assert {names[r["id"]] for r in rows} == expected

@@ -219,12 +219,12 @@ def test_worker_runs_every_statement_on_jobs_with_ids_past_2_31(
     assert sorted(seen.job_ids) == sorted(expected)
     assert all(i > INT32_MAX for i in history)
     assert seen.step_calls == 1
-    assert worker.leases is not None
-    assert worker.leases.reaped == 1
+    assert worker.reaper is not None
+    assert worker.reaper.reaped == 1
     figures.record(
         ids=sorted(history),
         lease_renewed_by_s=(renewed - first).total_seconds(),
-        reaped=worker.leases.reaped,
+        reaped=worker.reaper.reaped,
     )
 
 

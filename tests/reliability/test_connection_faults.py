@@ -44,7 +44,7 @@ RECONNECT_EVENTS = ("conn_lost", "lease_conn_lost", "listener_lost")
 GATE_KEY = 7_301_995
 
 CLAIM_SQL = "WITH claimed AS%"
-HEARTBEAT_SQL = "UPDATE sqla_jobs_job SET lease_expires_at%"
+HEARTBEAT_SQL = "WITH mine AS MATERIALIZED%"
 COMPLETE_SQL = "DELETE FROM sqla_jobs_job%"
 
 

@@ -369,7 +369,7 @@ def run_worker_as(roles: Roles, engine: Engine, role: str) -> dict[str, Any]:
             )
         wait_for(lambda: len(app.done) == 5, "every job is done")
         wait_for(lambda: count(engine, f"SELECT count(*) FROM {table}") == 0, "all written")
-    assert worker.leases is not None
+    assert worker.reaper is not None
     with engine.connect() as conn:
         history = dict(
             conn.execute(text(f"SELECT id, attempts FROM {roles.schema}.sqla_jobs_history")).all()
@@ -378,7 +378,7 @@ def run_worker_as(roles: Roles, engine: Engine, role: str) -> dict[str, Any]:
     return {
         "role": role,
         "done": len(app.done),
-        "reaped": worker.leases.reaped,
+        "reaped": worker.reaper.reaped,
         "failed": worker.counts["failed"],
     }
 

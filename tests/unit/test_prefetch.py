@@ -33,7 +33,8 @@ def test_the_prefetch_follows_a_moving_average_of_run_times() -> None:
     for _ in range(64):
         prefetch.observe(1.0)  # handlers turned slow: prefetched jobs would only wait
     assert prefetch.size == 0
-    assert prefetch.avg_runtime is not None and prefetch.avg_runtime > 0.9
+    assert prefetch.avg_runtime is not None
+    assert prefetch.avg_runtime > 0.9
 
 
 def test_a_batch_size_fixes_the_claim_limit() -> None:
