@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from . import statements
+from . import _text, statements
 from .errors import (
     EnqueueError,
     InvalidOptionError,
@@ -82,9 +82,13 @@ def serialize(
             errors=[dict(e) for e in exc.errors()],
         ) from None
     except PydanticSerializationError as exc:
+        if _text.SERIALIZATION_MESSAGE in str(exc):
+            _text.check_payload(kind.name, payload)
         raise InvalidPayloadError(
             f"payload for kind {kind.name!r} cannot be serialized as {model.__qualname__}: {exc}"
         ) from None
+    if _text.REPLACEMENT in dumped:
+        _text.check_payload(kind.name, payload)
     data = dumped.decode()
     if b"\\u0000" in dumped and _JSON_NUL.search(data):
         raise InvalidPayloadError(
@@ -123,6 +127,7 @@ def concurrency(kind: Kind, instance: BaseModel, key: str | None) -> tuple[str |
         raise InvalidOptionError(
             f"concurrency key for kind {kind.name!r} must be a str of 1-256 characters, got {key!r}"
         )
+    _text.check(f"concurrency key for kind {kind.name!r}", "concurrency_key", key)
     return key, limit
 
 
@@ -333,7 +338,7 @@ def _serialize_run(kind: Kind, run: list[BaseModel], max_bytes: int) -> list[str
     try:
         for payload in run:
             dumped: bytes = to_json(payload, warnings="error")
-            if len(dumped) > max_bytes or b"\\u0000" in dumped:
+            if len(dumped) > max_bytes or b"\\u0000" in dumped or _text.REPLACEMENT in dumped:
                 return None
             # Validated back and dropped at once: the worker validates the same text.
             validate_json(dumped)
