@@ -18,6 +18,7 @@ import psycopg
 from sqlalchemy import Dialect, Row, inspect
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Mapper, Session, configure_mappers, make_transient_to_detached
+from sqlalchemy.orm.attributes import instance_state
 
 from . import statements
 from .errors import EnqueueError
@@ -131,6 +132,13 @@ def _attach(session: Session, job: Prepared, filled: Row[Any]) -> Job:
     )
     make_transient_to_detached(obj)
     session.add(obj)
+    # Registered as inserted by the innermost transaction, as a flush registers an object it
+    # inserts: a rollback of that transaction (or of the savepoint) then makes it transient, as it
+    # does the Session's own inserts. Added as a detached object, it would stay persistent after
+    # the rollback, refreshing from a row that no longer exists (ObjectDeletedError).
+    tx = session._transaction
+    if tx is not None:
+        tx._new[instance_state(obj)] = True
     return obj
 
 

@@ -354,6 +354,61 @@ def test_a_released_savepoint_keeps_its_jobs_when_the_outer_transaction_commits(
     assert job_ids(clean) == [inner, outer]
 
 
+def test_after_a_rollback_the_returned_job_is_transient_like_any_object_the_session_inserted(
+    clean: Engine,
+) -> None:
+    """A rollback makes the Session's inserted objects transient (out of the session, attributes
+    kept); the Job enqueue returns is one of them, with enqueue_many's rows in the same transaction,
+    and is no longer a persistent object whose row is gone (ObjectDeletedError on access)."""
+    with Session(clean) as session:
+        job = JOBS.enqueue(session, Ping(n=1))
+        JOBS.enqueue_many(session, [Ping(n=n) for n in range(COPY_THRESHOLD)])
+        JOBS.enqueue_many(session, [Ping(n=2)])
+        session.rollback()
+        assert inspect(job).transient
+        assert job not in session
+        assert (job.kind, job.payload, job.state) == ("ping", {"n": 1}, "pending")
+        assert JOBS.enqueue(session, Ping(n=3)).payload == {"n": 3}
+        session.commit()
+    assert [r["payload"] for r in committed_rows(clean)] == [{"n": 3}]
+
+
+def test_a_rolled_back_savepoint_makes_only_its_own_jobs_transient(clean: Engine) -> None:
+    with Session(clean) as session:
+        before = JOBS.enqueue(session, Ping(n=1))
+        with session.begin_nested():
+            released = JOBS.enqueue(session, Ping(n=2))
+        savepoint = session.begin_nested()
+        inside = JOBS.enqueue(session, Ping(n=3))
+        savepoint.rollback()
+        assert inspect(inside).transient
+        assert inspect(before).persistent
+        assert inspect(released).persistent
+        assert (before.payload, released.payload) == ({"n": 1}, {"n": 2})
+        session.rollback()
+        # The released savepoint's job belonged to the outer transaction, and goes with it.
+        assert inspect(before).transient
+        assert inspect(released).transient
+        assert released.payload == {"n": 2}
+
+
+def test_after_an_async_rollback_the_returned_job_is_transient(migrated_url: str) -> None:
+    async def scenario() -> None:
+        engine = create_async_engine(sqlalchemy_url(migrated_url), poolclass=NullPool)
+        try:
+            async with AsyncSession(engine) as session:
+                job = await JOBS.enqueue_async(session, Ping(n=1))
+                await JOBS.enqueue_many_async(session, [Ping(n=n) for n in range(COPY_THRESHOLD)])
+                await JOBS.enqueue_many_async(session, [Ping(n=2)])
+                await session.rollback()
+                assert inspect(job).transient
+                assert (job.kind, job.payload) == ("ping", {"n": 1})
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
+
+
 def test_separate_transactions_of_one_session_each_write_their_jobs(clean: Engine) -> None:
     with Session(clean) as session:
         first = JOBS.enqueue(session, Ping(n=1)).id
