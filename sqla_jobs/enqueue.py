@@ -274,10 +274,14 @@ def enqueue_many(
     conn = session.connection(bind_arguments=_JOB_BIND)
     driver = conn.connection.driver_connection
     queues = dict.fromkeys(first.queue)
-    if count >= COPY_THRESHOLD and isinstance(driver, psycopg.Connection):
-        reserved = conn.execute(
+    reserved = (
+        conn.execute(
             _RESERVE_IDS, _reserve_params(count, run_at, delay, schema), execution_options=opts
         ).one()
+        if count >= COPY_THRESHOLD and isinstance(driver, psycopg.Connection)
+        else None
+    )
+    if reserved is not None and reserved.ids is not None and isinstance(driver, psycopg.Connection):
         ids: list[int] = sorted(reserved.ids)
         when = reserved.run_at
         sql = _copy_sql(schema)
@@ -352,11 +356,16 @@ async def enqueue_many_async(
     raw = await conn.get_raw_connection()
     driver = raw.driver_connection
     queues = dict.fromkeys(first.queue)
-    if count >= COPY_THRESHOLD and isinstance(driver, psycopg.AsyncConnection):
-        reserved = await conn.execute(
-            _RESERVE_IDS, _reserve_params(count, run_at, delay, schema), execution_options=opts
-        )
-        row = reserved.one()
+    row = (
+        (
+            await conn.execute(
+                _RESERVE_IDS, _reserve_params(count, run_at, delay, schema), execution_options=opts
+            )
+        ).one()
+        if count >= COPY_THRESHOLD and isinstance(driver, psycopg.AsyncConnection)
+        else None
+    )
+    if row is not None and row.ids is not None and isinstance(driver, psycopg.AsyncConnection):
         ids: list[int] = sorted(row.ids)
         when = row.run_at
         sql = _copy_sql(schema)

@@ -217,6 +217,10 @@ def reserve_job_ids() -> Select[Any]:
     ``n``, and run_at or delay_us. The sequence is looked up once (a materialized CTE): looked up per
     row, the text-to-regclass cast costs more than the ``nextval`` itself. Sequences are not
     transactional, so a rolled-back enqueue leaves a gap in the ids, as a rolled-back INSERT does.
+
+    ``nextval`` needs ``USAGE`` (or ``UPDATE``) on the sequence, which an identity column's INSERT
+    does not: for a role without it (an enqueuer granted only what an earlier release asked for)
+    ids is NULL and no id is taken, and enqueue_many falls back to :func:`insert_jobs`.
     """
     seq = (
         select(
@@ -233,7 +237,14 @@ def reserve_job_ids() -> Select[Any]:
         .table_valued("i")
         .render_derived()
     )
-    ids = select(func.array_agg(func.nextval(seq.c.seq))).select_from(seq).join(n, true())
+    ids = (
+        select(func.array_agg(func.nextval(seq.c.seq)))
+        .select_from(seq)
+        .join(n, true())
+        # Filtered on the CTE's one row, before any nextval runs: without the privilege, no id is
+        # taken, no error aborts the caller's transaction, and ids is NULL.
+        .where(func.has_sequence_privilege(seq.c.seq, literal_column("'USAGE, UPDATE'")))
+    )
     return select(ids.scalar_subquery().label("ids"), _run_at().label("run_at"))
 
 
