@@ -48,6 +48,7 @@ from sqlalchemy.dialects.postgresql import dialect as _pg_dialect
 from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import BindParameter, TextClause
 
+from . import _row
 from .model import MAX_ERROR_CHARS, Job, JobHistory
 
 if TYPE_CHECKING:
@@ -136,17 +137,14 @@ def insert_job() -> AnyInsert:
 
 
 def _insert_values() -> Insert:
-    return insert(Job).values(
-        queue=bindparam("queue", type_=Text),
-        kind=bindparam("kind", type_=Text),
-        payload=cast(bindparam("payload", type_=Text), JSONB),
-        priority=bindparam("priority"),
-        max_attempts=bindparam("max_attempts"),
-        max_crashes=bindparam("max_crashes"),
-        run_at=_run_at(),
-        concurrency_key=bindparam("concurrency_key", type_=Text),
-        concurrency_limit=bindparam("concurrency_limit", type_=BigInteger),
-    )
+    # Each value bound as its column's type, the payload as text cast to jsonb.
+    values: dict[str, Any] = {
+        c.name: cast(bindparam(c.name, type_=Text), JSONB)
+        if c.json
+        else bindparam(c.name, type_=job.c[c.name].type)
+        for c in _row.COLUMNS
+    }
+    return insert(Job).values({**values, "run_at": _run_at()})
 
 
 def insert_job_and_notify() -> Select[Any]:
@@ -166,27 +164,9 @@ def insert_job_and_notify() -> Select[Any]:
 
 
 #: The columns enqueue_many sends as parallel arrays, in unnest order.
-BULK_COLUMNS = (
-    "queue",
-    "kind",
-    "payload",
-    "priority",
-    "max_attempts",
-    "max_crashes",
-    "concurrency_key",
-    "concurrency_limit",
-)
+BULK_COLUMNS = _row.NAMES
 #: insert_jobs()'s array parameters, one per BULK_COLUMNS entry in the same order, with their types.
-BULK_ARRAY_PARAMS = (
-    ("queues", Text),
-    ("kinds", Text),
-    ("payloads", Text),
-    ("priorities", BigInteger),
-    ("max_attempts", BigInteger),
-    ("max_crashes", BigInteger),
-    ("concurrency_keys", Text),
-    ("concurrency_limits", BigInteger),
-)
+BULK_ARRAY_PARAMS = tuple((c.array, c.element) for c in _row.COLUMNS)
 
 
 def insert_jobs() -> AnyInsert:
@@ -202,7 +182,7 @@ def insert_jobs() -> AnyInsert:
         .table_valued(*BULK_COLUMNS)
         .render_derived(name="r")
     )
-    values = [cast(rows.c.payload, JSONB) if c == "payload" else rows.c[c] for c in BULK_COLUMNS]
+    values = [cast(rows.c[c.name], JSONB) if c.json else rows.c[c.name] for c in _row.COLUMNS]
     src = select(*values, _run_at()).select_from(rows)
     columns = [*BULK_COLUMNS, "run_at"]
     return insert(job).from_select(columns, src).returning(job.c.id)

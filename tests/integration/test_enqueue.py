@@ -41,7 +41,7 @@ from sqla_jobs import (
 )
 from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
 from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD, enqueue_many
-from sqla_jobs.validate import Batch
+from sqla_jobs.validate import Batch, Prepared
 from tests.conftest import alembic_config
 
 UTC = timezone.utc
@@ -1037,7 +1037,7 @@ def test_copy_escapes_raw_control_characters_and_backslashes_in_every_text_colum
     key = "k\\N\t\r\n\\\\"
     batch = Batch()
     for n in range(COPY_THRESHOLD):
-        batch.extend(JOBS.by_model(Keyed), "other.q", -3, 7, [payload], [f"{key}{n}"], [n + 1])
+        batch.add(Prepared(JOBS.by_model(Keyed), payload, "other.q", -3, 7, 2, f"{key}{n}", n + 1))
     with Session(clean) as session:
         ids = enqueue_many(
             session,

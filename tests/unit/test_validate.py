@@ -68,14 +68,7 @@ def _one_by_one(jobs: Jobs, payloads: list[BaseModel]) -> Batch:
             priority=None,
             max_attempts=None,
         )
-        batch.queue.append(job.queue)
-        batch.kind.append(job.kind.name)
-        batch.payload.append(job.payload_json)
-        batch.priority.append(job.priority)
-        batch.max_attempts.append(job.max_attempts)
-        batch.max_crashes.append(job.max_crashes)
-        batch.concurrency_key.append(job.concurrency_key)
-        batch.concurrency_limit.append(job.concurrency_limit)
+        batch.add(job)
     return batch
 
 
@@ -142,7 +135,7 @@ def test_a_payload_holding_the_replacement_character_is_stored_as_given() -> Non
     jobs = _jobs()
     jobs.register("tagged", Tagged)
     payloads: list[BaseModel] = [Tagged(tags={"\ufffd": "\ufffd"})] * 2
-    assert _many(jobs, payloads).payload == ['{"tags":{"\ufffd":"\ufffd"}}'] * 2
+    assert _many(jobs, payloads).column("payload") == ['{"tags":{"\ufffd":"\ufffd"}}'] * 2
 
 
 @pytest.mark.parametrize(
