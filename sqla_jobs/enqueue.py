@@ -231,10 +231,12 @@ def enqueue_many(
         ).one()
         if reserved.ids is not None:
             ids = sorted(reserved.ids)
-            _copy_rows(conn, first, chunks, ids, reserved.run_at, len(first) < count, schema)
+            streamed = len(first) < count
+            _copy_rows(conn, first, chunks, ids, reserved.run_at, streamed, schema, queues)
     if ids is None:
         for batch in chunks:
             first.absorb(batch)
+            queues.update(dict.fromkeys(batch.column("queue")))
         ids = list(
             conn.scalars(_INSERT_MANY, _many_params(first, run_at, delay), execution_options=opts)
         )
@@ -251,20 +253,19 @@ def _copy_rows(
     when: datetime,
     streamed: bool,
     schema: str | None,
+    queues: dict[str, None],
 ) -> None:
     """COPY ``first`` and the rest of ``chunks`` under the reserved ``ids``; with ``streamed``,
-    inside a savepoint that a bad payload of a later chunk rolls back. ``first`` ends up holding
-    every batch's queues (for the wakeups)."""
+    inside a savepoint that a bad payload of a later chunk rolls back. Adds the later chunks'
+    queues to ``queues`` (for the wakeups)."""
     sql = _copy_sql(schema)
     if streamed:
         conn.exec_driver_sql(_SAVEPOINT)
-    queues = first.column("queue")
 
     def data() -> Iterator[str]:
         done = 0
         for batch in chain([first], chunks):
-            if batch is not first:
-                queues.extend(dict.fromkeys(batch.column("queue")))
+            queues.update(dict.fromkeys(batch.column("queue")))
             yield from _copy.text(batch, ids[done : done + len(batch)], when)
             done += len(batch)
 

@@ -1060,6 +1060,15 @@ def test_copy_escapes_raw_control_characters_and_backslashes_in_every_text_colum
     ]
 
 
+def test_a_streamed_copy_wakes_the_queues_of_its_later_chunks(
+    clean: Engine, listener: Listener
+) -> None:
+    with Session(clean) as session:
+        JOBS.enqueue_many(session, [*(Ping(n=n) for n in range(CHUNK)), SendEmail(to="a")])
+        session.commit()
+    assert Counter(listener.received()) == {"default": 1, "mail": 1}
+
+
 def test_a_copied_batch_takes_an_aware_run_at_as_the_same_instant(clean: Engine) -> None:
     with Session(clean) as session:
         JOBS.enqueue_many(session, [Ping(n=n) for n in range(COPY_THRESHOLD)], run_at=AWARE)
