@@ -15,14 +15,15 @@ from itertools import chain
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
-from sqlalchemy import Dialect, Row, inspect
+from sqlalchemy import Connection, Dialect, Row, inspect
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Mapper, Session, configure_mappers, make_transient_to_detached
+from sqlalchemy.orm.attributes import instance_state
 
-from . import statements
+from . import _copy, _row, statements
+from ._row import Batch, Prepared
 from .errors import EnqueueError
 from .model import Job
-from .validate import Batch, Prepared
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -44,24 +45,19 @@ CHUNK = 1024
 
 
 def _one_params(job: Prepared, run_at: datetime | None, delay: timedelta) -> dict[str, Any]:
-    return {
-        "queue": job.queue,
-        "kind": job.kind.name,
-        "payload": job.payload_json,
-        "priority": job.priority,
-        "max_attempts": job.max_attempts,
-        "max_crashes": job.max_crashes,
-        "concurrency_key": job.concurrency_key,
-        "concurrency_limit": job.concurrency_limit,
-        "run_at": run_at,
-        "delay_us": delay // _ONE_US,
-    }
+    params = dict(zip(_row.NAMES, job.values(), strict=True))
+    params["run_at"] = run_at
+    params["delay_us"] = delay // _ONE_US
+    return params
 
 
 def _many_params(batch: Batch, run_at: datetime | None, delay: timedelta) -> dict[str, Any]:
-    names = (name for name, _ in statements.BULK_ARRAY_PARAMS)
-    arrays = dict(zip(names, batch.columns(), strict=True))
-    return {**arrays, "run_at": run_at, "delay_us": delay // _ONE_US}
+    params: dict[str, Any] = {
+        c.array: values for c, values in zip(_row.COLUMNS, batch.columns, strict=True)
+    }
+    params["run_at"] = run_at
+    params["delay_us"] = delay // _ONE_US
+    return params
 
 
 def _exec_options(schema: str | None) -> dict[str, Any]:
@@ -113,28 +109,32 @@ def _attach(session: Session, job: Prepared, filled: Row[Any]) -> Job:
     if not _configured:
         _configure()
     obj = _JOB_MAPPER.class_manager.new_instance()
-    obj.__dict__.update(
-        zip(_FILLED_KEYS, filled, strict=True),
-        queue=job.queue,
-        kind=job.kind.name,
-        payload=json.loads(job.payload_json),
-        priority=job.priority,
-        max_attempts=job.max_attempts,
-        max_crashes=job.max_crashes,
-        concurrency_key=job.concurrency_key,
-        concurrency_limit=job.concurrency_limit,
-        lease_token=None,
-        lease_expires_at=None,
-        locked_by=None,
-        last_error=None,
-        steps=None,
-    )
+    values = job.values()
+    for i in _JSON_AT:
+        values[i] = json.loads(values[i])
+    state = obj.__dict__
+    state.update(zip(_FILLED_KEYS, filled, strict=True))
+    state.update(zip(_row.NAMES, values, strict=True))
+    state.update(_UNSET)
     make_transient_to_detached(obj)
     session.add(obj)
+    # Registered as inserted by the innermost transaction, as a flush registers an object it
+    # inserts: a rollback of that transaction (or of the savepoint) then makes it transient, as it
+    # does the Session's own inserts. Added as a detached object, it would stay persistent after
+    # the rollback, refreshing from a row that no longer exists (ObjectDeletedError).
+    tx = session._transaction
+    if tx is not None:
+        tx._new[instance_state(obj)] = True
     return obj
 
 
 _FILLED_KEYS = tuple(c.key for c in statements.FILLED_COLUMNS)
+_JSON_AT = tuple(i for i, c in enumerate(_row.COLUMNS) if c.json)
+#: The columns neither written nor filled by the insert: NULL in a new row, set so that reading
+#: them does not load the row.
+_UNSET = dict.fromkeys(
+    c.key for c in _JOB_MAPPER.column_attrs if c.key not in {*_FILLED_KEYS, *_row.NAMES}
+)
 _configured = False
 
 
@@ -169,53 +169,6 @@ def _reserve_params(
     }
 
 
-#: COPY's text format: what a text value must escape, and its NULL.
-_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
-_COPY_NULL = "\\N"
-#: Rows per string handed to ``Copy.write`` (about 1 MB for small payloads).
-_COPY_CHUNK = 256
-
-
-def _copy_text(batch: Batch, ids: list[int], run_at: datetime) -> Iterator[str]:
-    """The batch as COPY text-format data, in chunks of :data:`_COPY_CHUNK` rows.
-
-    Formatted here rather than by ``Copy.write_row``, which adapts each of the ten values of each
-    row one by one (the largest part of enqueue_many's time, profiled). The values are already
-    checked: queue and kind names are plain (``NAME_RE``), the numbers are ints, a payload is JSON
-    (whose only character COPY must escape is the backslash, unless a hand-written text holds a raw
-    tab or newline), and a concurrency key is any text.
-    """
-    when = run_at.isoformat()
-    # In statements.COPY_COLUMNS order: the id, the batch's columns, run_at.
-    columns = batch.columns()
-    for start in range(0, len(ids), _COPY_CHUNK):
-        stop = start + _COPY_CHUNK
-        queues, kinds, payloads, priorities, attempts, crashes, keys, limits = (
-            column[start:stop] for column in columns
-        )
-        text = "".join(payloads)
-        if "\n" in text or "\t" in text or "\r" in text:
-            payloads = [p.translate(_COPY_ESCAPES) for p in payloads]
-        elif "\\" in text:
-            payloads = [p.replace("\\", "\\\\") for p in payloads]
-        keys = (
-            [_COPY_NULL if k is None else k.translate(_COPY_ESCAPES) for k in keys]
-            if keys.count(None) != len(keys)
-            else [_COPY_NULL] * len(keys)
-        )
-        limits = [_COPY_NULL if v is None else v for v in limits]
-        rows = zip(
-            ids[start:stop], queues, kinds, payloads, priorities, attempts, crashes, keys, limits,
-            strict=True,
-        )  # fmt: skip
-        yield "".join(
-            [
-                f"{i}\t{q}\t{k}\t{p}\t{pr}\t{ma}\t{mc}\t{ck}\t{cl}\t{when}\n"
-                for i, q, k, p, pr, ma, mc, ck, cl in rows
-            ]
-        )
-
-
 @functools.cache
 def _copy_sql(schema: str | None) -> str:
     return statements.copy_jobs(schema).text
@@ -230,7 +183,9 @@ def enqueue(
     schema: str | None,
     channel: str,
 ) -> Job:
-    """Insert one prepared job through ``session`` and queue its wakeup; returns the ``Job``."""
+    """Insert one prepared job through ``session`` and queue its wakeup; returns the ``Job``.
+
+    The one implementation: :func:`enqueue_async` runs it in the ``AsyncSession``'s greenlet."""
     conn = session.connection(bind_arguments=_JOB_BIND)
     stmt, params = _insert_one(session, job, run_at, delay, channel)
     filled = conn.execute(stmt, params, execution_options=_exec_options(schema)).one()
@@ -257,54 +212,76 @@ def enqueue_many(
     chunk is validated before any SQL runs. A COPY of more than one chunk validates each next chunk
     while the server stores the last (the two take about as long), inside a savepoint: a bad
     payload further on aborts the COPY, the savepoint is rolled back, and the transaction is as it
-    was, with nothing written.
+    was, with nothing written. A role that may not take ids from the sequence gets the INSERT.
+
+    The one implementation: :func:`enqueue_many_async` runs it in the ``AsyncSession``'s greenlet.
     """
     first = next(chunks, None)
     if first is None:
         return []
     opts = _exec_options(schema)
     conn = session.connection(bind_arguments=_JOB_BIND)
-    driver = conn.connection.driver_connection
-    queues = dict.fromkeys(first.queue)
-    if count >= COPY_THRESHOLD and isinstance(driver, psycopg.Connection):
+    queues = dict.fromkeys(first.column("queue"))
+    ids = None
+    if count >= COPY_THRESHOLD and isinstance(
+        conn.connection.driver_connection, (psycopg.Connection, psycopg.AsyncConnection)
+    ):
         reserved = conn.execute(
             _RESERVE_IDS, _reserve_params(count, run_at, delay, schema), execution_options=opts
         ).one()
-        ids: list[int] = sorted(reserved.ids)
-        when = reserved.run_at
-        sql = _copy_sql(schema)
-        streamed = len(first) < count
-        if streamed:
-            conn.exec_driver_sql(_SAVEPOINT)
-        try:
-            with driver.cursor() as cur, cur.copy(sql) as copy:
-                done = 0
-                for batch in chain([first], chunks):
-                    queues.update(dict.fromkeys(batch.queue))
-                    for data in _copy_text(batch, ids[done : done + len(batch)], when):
-                        copy.write(data)
-                    done += len(batch)
-        except EnqueueError:
-            conn.exec_driver_sql(_ROLLBACK_TO_SAVEPOINT)
-            conn.exec_driver_sql(_RELEASE_SAVEPOINT)
-            raise
-        except psycopg.Error as exc:
-            error = _copy_error(conn.dialect, conn.connection.dbapi_connection, exc, sql)
-            if error.connection_invalidated:
-                conn.invalidate(exc)
-            raise error from exc
-        if streamed:
-            conn.exec_driver_sql(_RELEASE_SAVEPOINT)
-    else:
+        if reserved.ids is not None:
+            ids = sorted(reserved.ids)
+            streamed = len(first) < count
+            _copy_rows(conn, first, chunks, ids, reserved.run_at, streamed, schema, queues)
+    if ids is None:
         for batch in chunks:
             first.absorb(batch)
-            queues.update(dict.fromkeys(batch.queue))
+            queues.update(dict.fromkeys(batch.column("queue")))
         ids = list(
             conn.scalars(_INSERT_MANY, _many_params(first, run_at, delay), execution_options=opts)
         )
     for q in _queues_to_notify(session, queues):
         conn.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
     return ids
+
+
+def _copy_rows(
+    conn: Connection,
+    first: Batch,
+    chunks: Iterator[Batch],
+    ids: list[int],
+    when: datetime,
+    streamed: bool,
+    schema: str | None,
+    queues: dict[str, None],
+) -> None:
+    """COPY ``first`` and the rest of ``chunks`` under the reserved ``ids``; with ``streamed``,
+    inside a savepoint that a bad payload of a later chunk rolls back. Adds the later chunks'
+    queues to ``queues`` (for the wakeups)."""
+    sql = _copy_sql(schema)
+    if streamed:
+        conn.exec_driver_sql(_SAVEPOINT)
+
+    def data() -> Iterator[str]:
+        done = 0
+        for batch in chain([first], chunks):
+            queues.update(dict.fromkeys(batch.column("queue")))
+            yield from _copy.text(batch, ids[done : done + len(batch)], when)
+            done += len(batch)
+
+    try:
+        _copy.copy(conn.connection.driver_connection, sql, data())
+    except EnqueueError:
+        conn.exec_driver_sql(_ROLLBACK_TO_SAVEPOINT)
+        conn.exec_driver_sql(_RELEASE_SAVEPOINT)
+        raise
+    except psycopg.Error as exc:
+        error = _copy_error(conn.dialect, conn.connection.dbapi_connection, exc, sql)
+        if error.connection_invalidated:
+            conn.invalidate(exc)
+        raise error from exc
+    if streamed:
+        conn.exec_driver_sql(_RELEASE_SAVEPOINT)
 
 
 async def enqueue_async(
@@ -317,12 +294,7 @@ async def enqueue_async(
     channel: str,
 ) -> Job:
     """:func:`enqueue` for an ``AsyncSession``."""
-    conn = await session.connection(bind_arguments=_JOB_BIND)
-    stmt, params = _insert_one(session.sync_session, job, run_at, delay, channel)
-    result = await conn.execute(stmt, params, execution_options=_exec_options(schema))
-    filled = result.one()
-    _queues_to_notify(session.sync_session, [job.queue])
-    return _attach(session.sync_session, job, filled)
+    return await session.run_sync(enqueue, job, run_at, delay, schema=schema, channel=channel)
 
 
 async def enqueue_many_async(
@@ -336,52 +308,6 @@ async def enqueue_many_async(
     channel: str,
 ) -> list[int]:
     """:func:`enqueue_many` for an ``AsyncSession`` (COPY on psycopg's ``AsyncConnection``)."""
-    first = next(chunks, None)
-    if first is None:
-        return []
-    opts = _exec_options(schema)
-    conn = await session.connection(bind_arguments=_JOB_BIND)
-    raw = await conn.get_raw_connection()
-    driver = raw.driver_connection
-    queues = dict.fromkeys(first.queue)
-    if count >= COPY_THRESHOLD and isinstance(driver, psycopg.AsyncConnection):
-        reserved = await conn.execute(
-            _RESERVE_IDS, _reserve_params(count, run_at, delay, schema), execution_options=opts
-        )
-        row = reserved.one()
-        ids: list[int] = sorted(row.ids)
-        when = row.run_at
-        sql = _copy_sql(schema)
-        streamed = len(first) < count
-        if streamed:
-            await conn.exec_driver_sql(_SAVEPOINT)
-        try:
-            async with driver.cursor() as cur, cur.copy(sql) as copy:
-                done = 0
-                for batch in chain([first], chunks):
-                    queues.update(dict.fromkeys(batch.queue))
-                    for data in _copy_text(batch, ids[done : done + len(batch)], when):
-                        await copy.write(data)
-                    done += len(batch)
-        except EnqueueError:
-            await conn.exec_driver_sql(_ROLLBACK_TO_SAVEPOINT)
-            await conn.exec_driver_sql(_RELEASE_SAVEPOINT)
-            raise
-        except psycopg.Error as exc:
-            error = _copy_error(conn.dialect, raw.dbapi_connection, exc, sql)
-            if error.connection_invalidated:
-                await conn.invalidate(exc)
-            raise error from exc
-        if streamed:
-            await conn.exec_driver_sql(_RELEASE_SAVEPOINT)
-    else:
-        for batch in chunks:
-            first.absorb(batch)
-            queues.update(dict.fromkeys(batch.queue))
-        result = await conn.scalars(
-            _INSERT_MANY, _many_params(first, run_at, delay), execution_options=opts
-        )
-        ids = list(result)
-    for q in _queues_to_notify(session.sync_session, queues):
-        await conn.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
-    return ids
+    return await session.run_sync(
+        enqueue_many, count, chunks, run_at, delay, schema=schema, channel=channel
+    )

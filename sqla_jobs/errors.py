@@ -56,6 +56,17 @@ class InvalidOptionError(EnqueueError):
     """An enqueue option out of range (priority, max_attempts)."""
 
 
+class InvalidTextError(EnqueueError):
+    """A text input (a payload string or key, a concurrency key) holds a lone surrogate, such as
+    the ``"\\ud800"`` that ``json.loads`` makes of an escaped half of a pair: it has no UTF-8 form,
+    and PostgreSQL stores only UTF-8. ``field`` names the input.
+    """
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 class DatabaseURLError(SqlaJobsError):
     """A database URL that cannot be used (wrong scheme, unparseable)."""
 

@@ -48,6 +48,7 @@ from sqlalchemy.dialects.postgresql import dialect as _pg_dialect
 from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import BindParameter, TextClause
 
+from . import _row
 from .model import MAX_ERROR_CHARS, Job, JobHistory
 
 if TYPE_CHECKING:
@@ -145,17 +146,14 @@ def insert_job() -> AnyInsert:
 
 
 def _insert_values() -> Insert:
-    return insert(Job).values(
-        queue=bindparam("queue", type_=Text),
-        kind=bindparam("kind", type_=Text),
-        payload=cast(bindparam("payload", type_=Text), JSONB),
-        priority=bindparam("priority"),
-        max_attempts=bindparam("max_attempts"),
-        max_crashes=bindparam("max_crashes"),
-        run_at=_run_at(),
-        concurrency_key=bindparam("concurrency_key", type_=Text),
-        concurrency_limit=bindparam("concurrency_limit", type_=BigInteger),
-    )
+    # Each value bound as its column's type, the payload as text cast to jsonb.
+    values: dict[str, Any] = {
+        c.name: cast(bindparam(c.name, type_=Text), JSONB)
+        if c.json
+        else bindparam(c.name, type_=job.c[c.name].type)
+        for c in _row.COLUMNS
+    }
+    return insert(Job).values({**values, "run_at": _run_at()})
 
 
 def insert_job_and_notify() -> Select[Any]:
@@ -175,27 +173,9 @@ def insert_job_and_notify() -> Select[Any]:
 
 
 #: The columns enqueue_many sends as parallel arrays, in unnest order.
-BULK_COLUMNS = (
-    "queue",
-    "kind",
-    "payload",
-    "priority",
-    "max_attempts",
-    "max_crashes",
-    "concurrency_key",
-    "concurrency_limit",
-)
+BULK_COLUMNS = _row.NAMES
 #: insert_jobs()'s array parameters, one per BULK_COLUMNS entry in the same order, with their types.
-BULK_ARRAY_PARAMS = (
-    ("queues", Text),
-    ("kinds", Text),
-    ("payloads", Text),
-    ("priorities", BigInteger),
-    ("max_attempts", BigInteger),
-    ("max_crashes", BigInteger),
-    ("concurrency_keys", Text),
-    ("concurrency_limits", BigInteger),
-)
+BULK_ARRAY_PARAMS = tuple((c.array, c.element) for c in _row.COLUMNS)
 
 
 def insert_jobs() -> AnyInsert:
@@ -211,7 +191,7 @@ def insert_jobs() -> AnyInsert:
         .table_valued(*BULK_COLUMNS)
         .render_derived(name="r")
     )
-    values = [cast(rows.c.payload, JSONB) if c == "payload" else rows.c[c] for c in BULK_COLUMNS]
+    values = [cast(rows.c[c.name], JSONB) if c.json else rows.c[c.name] for c in _row.COLUMNS]
     src = select(*values, _run_at()).select_from(rows)
     columns = [*BULK_COLUMNS, "run_at"]
     return insert(job).from_select(columns, src).returning(job.c.id)
@@ -226,6 +206,10 @@ def reserve_job_ids() -> Select[Any]:
     ``n``, and run_at or delay_us. The sequence is looked up once (a materialized CTE): looked up per
     row, the text-to-regclass cast costs more than the ``nextval`` itself. Sequences are not
     transactional, so a rolled-back enqueue leaves a gap in the ids, as a rolled-back INSERT does.
+
+    ``nextval`` needs ``USAGE`` (or ``UPDATE``) on the sequence, which an identity column's INSERT
+    does not: for a role without it (an enqueuer granted only what an earlier release asked for)
+    ids is NULL and no id is taken, and enqueue_many falls back to :func:`insert_jobs`.
     """
     seq = (
         select(
@@ -242,7 +226,14 @@ def reserve_job_ids() -> Select[Any]:
         .table_valued("i")
         .render_derived()
     )
-    ids = select(func.array_agg(func.nextval(seq.c.seq))).select_from(seq).join(n, true())
+    ids = (
+        select(func.array_agg(func.nextval(seq.c.seq)))
+        .select_from(seq)
+        .join(n, true())
+        # Filtered on the CTE's one row, before any nextval runs: without the privilege, no id is
+        # taken, no error aborts the caller's transaction, and ids is NULL.
+        .where(func.has_sequence_privilege(seq.c.seq, literal_column("'USAGE, UPDATE'")))
+    )
     return select(ids.scalar_subquery().label("ids"), _run_at().label("run_at"))
 
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from . import statements
+from . import _text
+from ._row import Batch as Batch
+from ._row import Prepared as Prepared
 from .errors import (
     EnqueueError,
     InvalidOptionError,
@@ -32,20 +33,6 @@ _ZERO = timedelta(0)
 MAX_DELAY = timedelta(days=100 * 365)
 #: A JSON \u0000 escape (odd number of backslashes before u0000): jsonb refuses it.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """One validated job, ready to insert."""
-
-    kind: Kind
-    payload_json: str
-    queue: str
-    priority: int
-    max_attempts: int
-    max_crashes: int
-    concurrency_key: str | None
-    concurrency_limit: int | None
 
 
 def serialize(
@@ -82,9 +69,13 @@ def serialize(
             errors=[dict(e) for e in exc.errors()],
         ) from None
     except PydanticSerializationError as exc:
+        if _text.SERIALIZATION_MESSAGE in str(exc):
+            _text.check_payload(kind.name, payload)
         raise InvalidPayloadError(
             f"payload for kind {kind.name!r} cannot be serialized as {model.__qualname__}: {exc}"
         ) from None
+    if _text.REPLACEMENT in dumped:
+        _text.check_payload(kind.name, payload)
     data = dumped.decode()
     if b"\\u0000" in dumped and _JSON_NUL.search(data):
         raise InvalidPayloadError(
@@ -123,6 +114,7 @@ def concurrency(kind: Kind, instance: BaseModel, key: str | None) -> tuple[str |
         raise InvalidOptionError(
             f"concurrency key for kind {kind.name!r} must be a str of 1-256 characters, got {key!r}"
         )
+    _text.check(f"concurrency key for kind {kind.name!r}", "concurrency_key", key)
     return key, limit
 
 
@@ -161,7 +153,7 @@ def prepare(
     key, limit = concurrency(kind, instance, concurrency_key)
     return Prepared(
         kind=kind,
-        payload_json=payload_json,
+        payload=payload_json,
         queue=q,
         priority=p,
         max_attempts=m,
@@ -192,55 +184,6 @@ def _options(
     return q, p, m
 
 
-@dataclass
-class Batch:
-    """Validated jobs as parallel columns, in payload order: what ``enqueue_many`` writes. One
-    list per :data:`statements.BULK_COLUMNS` entry, under the same name."""
-
-    queue: list[str] = field(default_factory=list)
-    kind: list[str] = field(default_factory=list)
-    payload: list[str] = field(default_factory=list)
-    priority: list[int] = field(default_factory=list)
-    max_attempts: list[int] = field(default_factory=list)
-    max_crashes: list[int] = field(default_factory=list)
-    concurrency_key: list[str | None] = field(default_factory=list)
-    concurrency_limit: list[int | None] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.kind)
-
-    def extend(
-        self,
-        kind: Kind,
-        queue: str,
-        priority: int,
-        max_attempts: int,
-        payloads: list[str],
-        keys: list[str | None],
-        limits: list[int | None],
-    ) -> None:
-        """Add jobs of one kind and options: their payload texts and concurrency keys and limits
-        (one each per job); the other columns repeat."""
-        n = len(payloads)
-        self.queue += [queue] * n
-        self.kind += [kind.name] * n
-        self.payload += payloads
-        self.priority += [priority] * n
-        self.max_attempts += [max_attempts] * n
-        self.max_crashes += [kind.options.max_crashes] * n
-        self.concurrency_key += keys
-        self.concurrency_limit += limits
-
-    def absorb(self, other: Batch) -> None:
-        """Append ``other``'s jobs after this batch's."""
-        for mine, theirs in zip(self.columns(), other.columns(), strict=True):
-            mine += theirs
-
-    def columns(self) -> list[list[Any]]:
-        """The lists in :data:`statements.BULK_COLUMNS` order."""
-        return [getattr(self, name) for name in statements.BULK_COLUMNS]
-
-
 def prepare_many(
     registry: Registry,
     payloads: Iterable[BaseModel],
@@ -262,8 +205,9 @@ def prepare_many(
     """
     batch = Batch()
     items = payloads if isinstance(payloads, list) else list(payloads)
-    # Per payload type: its kind and resolved options, looked up and checked once.
-    resolved: dict[type[Any], tuple[Kind, str, int, int]] = {}
+    # Per payload type: its kind and resolved options, looked up and checked once, as the values
+    # its jobs share.
+    resolved: dict[type[Any], Prepared] = {}
     start, end = 0, len(items)
     while start < end:
         model = type(items[start])
@@ -279,20 +223,19 @@ def prepare_many(
                         f"{model.__qualname__}"
                     )
                 kind = registry.by_model(model)
-                entry = resolved[model] = (kind, *_options(kind, queue, priority, max_attempts))
+                entry = resolved[model] = _template(kind, queue, priority, max_attempts)
         except EnqueueError as exc:
             _at(exc, first + start)
             raise
         run = items[start:stop]
         texts = (
-            None if entry[0].options.concurrency_key else _serialize_run(entry[0], run, max_bytes)
+            None if entry.kind.options.concurrency_key else _serialize_run(entry, run, max_bytes)
         )
         if texts is None:
             for offset, payload in enumerate(run):
                 _append_one(batch, entry, payload, first + start + offset, max_bytes)
         else:
-            none: list[Any] = [None] * len(texts)
-            batch.extend(*entry, texts, none, none)
+            batch.add_run(entry, {"payload": texts})
         start = stop
     return batch
 
@@ -322,18 +265,36 @@ def prepare_chunks(
         )
 
 
-def _serialize_run(kind: Kind, run: list[BaseModel], max_bytes: int) -> list[str] | None:
+def _template(
+    kind: Kind, queue: str | None, priority: int | None, max_attempts: int | None
+) -> Prepared:
+    """The values every job of ``kind`` with these options shares; no payload, no key."""
+    q, p, m = _options(kind, queue, priority, max_attempts)
+    return Prepared(
+        kind=kind,
+        payload="",
+        queue=q,
+        priority=p,
+        max_attempts=m,
+        max_crashes=kind.options.max_crashes,
+        concurrency_key=None,
+        concurrency_limit=None,
+    )
+
+
+def _serialize_run(template: Prepared, run: list[BaseModel], max_bytes: int) -> list[str] | None:
     """The JSON texts of a run of ``kind``'s payloads, checked as :func:`serialize` checks one
     (this is its loop, without the per-payload call and type checks); None if any of them fails
     a check, and the caller then finds which, and why."""
-    to_json = kind.model.__pydantic_serializer__.to_json
-    validate_json = kind.model.__pydantic_validator__.validate_json
+    model = template.kind.model
+    to_json = model.__pydantic_serializer__.to_json
+    validate_json = model.__pydantic_validator__.validate_json
     texts: list[str] = []
     append = texts.append
     try:
         for payload in run:
             dumped: bytes = to_json(payload, warnings="error")
-            if len(dumped) > max_bytes or b"\\u0000" in dumped:
+            if len(dumped) > max_bytes or b"\\u0000" in dumped or _text.REPLACEMENT in dumped:
                 return None
             # Validated back and dropped at once: the worker validates the same text.
             validate_json(dumped)
@@ -344,20 +305,19 @@ def _serialize_run(kind: Kind, run: list[BaseModel], max_bytes: int) -> list[str
 
 
 def _append_one(
-    batch: Batch,
-    entry: tuple[Kind, str, int, int],
-    payload: BaseModel,
-    index: int,
-    max_bytes: int,
+    batch: Batch, template: Prepared, payload: BaseModel, index: int, max_bytes: int
 ) -> None:
-    kind = entry[0]
+    kind = template.kind
     try:
         instance, payload_json = serialize(kind, payload, max_bytes)
         key, limit = concurrency(kind, instance, None)
     except EnqueueError as exc:
         _at(exc, index)
         raise
-    batch.extend(*entry, [payload_json], [key], [limit])
+    batch.add_run(
+        template,
+        {"payload": [payload_json], "concurrency_key": [key], "concurrency_limit": [limit]},
+    )
 
 
 def _at(exc: EnqueueError, index: int) -> None:

@@ -41,7 +41,7 @@ from sqla_jobs import (
 )
 from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
 from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD, enqueue_many
-from sqla_jobs.validate import Batch
+from sqla_jobs.validate import Batch, Prepared
 from tests.conftest import alembic_config
 
 UTC = timezone.utc
@@ -352,6 +352,61 @@ def test_a_released_savepoint_keeps_its_jobs_when_the_outer_transaction_commits(
         outer = JOBS.enqueue(session, Ping(n=2)).id
         session.commit()
     assert job_ids(clean) == [inner, outer]
+
+
+def test_after_a_rollback_the_returned_job_is_transient_like_any_object_the_session_inserted(
+    clean: Engine,
+) -> None:
+    """A rollback makes the Session's inserted objects transient (out of the session, attributes
+    kept); the Job enqueue returns is one of them, with enqueue_many's rows in the same transaction,
+    and is no longer a persistent object whose row is gone (ObjectDeletedError on access)."""
+    with Session(clean) as session:
+        job = JOBS.enqueue(session, Ping(n=1))
+        JOBS.enqueue_many(session, [Ping(n=n) for n in range(COPY_THRESHOLD)])
+        JOBS.enqueue_many(session, [Ping(n=2)])
+        session.rollback()
+        assert inspect(job).transient
+        assert job not in session
+        assert (job.kind, job.payload, job.state) == ("ping", {"n": 1}, "pending")
+        assert JOBS.enqueue(session, Ping(n=3)).payload == {"n": 3}
+        session.commit()
+    assert [r["payload"] for r in committed_rows(clean)] == [{"n": 3}]
+
+
+def test_a_rolled_back_savepoint_makes_only_its_own_jobs_transient(clean: Engine) -> None:
+    with Session(clean) as session:
+        before = JOBS.enqueue(session, Ping(n=1))
+        with session.begin_nested():
+            released = JOBS.enqueue(session, Ping(n=2))
+        savepoint = session.begin_nested()
+        inside = JOBS.enqueue(session, Ping(n=3))
+        savepoint.rollback()
+        assert inspect(inside).transient
+        assert inspect(before).persistent
+        assert inspect(released).persistent
+        assert (before.payload, released.payload) == ({"n": 1}, {"n": 2})
+        session.rollback()
+        # The released savepoint's job belonged to the outer transaction, and goes with it.
+        assert inspect(before).transient
+        assert inspect(released).transient
+        assert released.payload == {"n": 2}
+
+
+def test_after_an_async_rollback_the_returned_job_is_transient(migrated_url: str) -> None:
+    async def scenario() -> None:
+        engine = create_async_engine(sqlalchemy_url(migrated_url), poolclass=NullPool)
+        try:
+            async with AsyncSession(engine) as session:
+                job = await JOBS.enqueue_async(session, Ping(n=1))
+                await JOBS.enqueue_many_async(session, [Ping(n=n) for n in range(COPY_THRESHOLD)])
+                await JOBS.enqueue_many_async(session, [Ping(n=2)])
+                await session.rollback()
+                assert inspect(job).transient
+                assert (job.kind, job.payload) == ("ping", {"n": 1})
+        finally:
+            await engine.dispose()
+
+    asyncio.run(scenario())
 
 
 def test_separate_transactions_of_one_session_each_write_their_jobs(clean: Engine) -> None:
@@ -982,7 +1037,7 @@ def test_copy_escapes_raw_control_characters_and_backslashes_in_every_text_colum
     key = "k\\N\t\r\n\\\\"
     batch = Batch()
     for n in range(COPY_THRESHOLD):
-        batch.extend(JOBS.by_model(Keyed), "other.q", -3, 7, [payload], [f"{key}{n}"], [n + 1])
+        batch.add(Prepared(JOBS.by_model(Keyed), payload, "other.q", -3, 7, 2, f"{key}{n}", n + 1))
     with Session(clean) as session:
         ids = enqueue_many(
             session,
@@ -1003,6 +1058,15 @@ def test_copy_escapes_raw_control_characters_and_backslashes_in_every_text_colum
     assert [(r["concurrency_key"], r["concurrency_limit"]) for r in rows] == [
         (f"{key}{n}", n + 1) for n in range(COPY_THRESHOLD)
     ]
+
+
+def test_a_streamed_copy_wakes_the_queues_of_its_later_chunks(
+    clean: Engine, listener: Listener
+) -> None:
+    with Session(clean) as session:
+        JOBS.enqueue_many(session, [*(Ping(n=n) for n in range(CHUNK)), SendEmail(to="a")])
+        session.commit()
+    assert Counter(listener.received()) == {"default": 1, "mail": 1}
 
 
 def test_a_copied_batch_takes_an_aware_run_at_as_the_same_instant(clean: Engine) -> None:

@@ -10,6 +10,7 @@ Hostile names (quotes, semicolons, NUL, kilobytes of unicode) are fuzzed with hy
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -27,7 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, func, select, text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
 from sqla_jobs import (
     ConfigurationError,
@@ -44,7 +47,8 @@ from sqla_jobs import (
     Worker,
     testing,
 )
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
+from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD
 from tests.reliability import edge_app
 from tests.reliability.conftest import Figures, injects
 from tests.reliability.edge_app import wait_running
@@ -97,6 +101,18 @@ class EnqueueOnly(BaseModel):
     n: int
 
 
+class Tenant(BaseModel):
+    """Keyed by a function of the payload: its tenant, unescaped (a key that, like one from
+    ``json.loads``, may hold text the payload holds only escaped)."""
+
+    tenant: str
+    tags: dict[str, str] = {}
+
+
+def tenant_key(payload: Tenant) -> str:
+    return payload.tenant.encode("ascii", "backslashreplace").decode("unicode_escape")
+
+
 class Unregistered(BaseModel):
     n: int
 
@@ -137,6 +153,7 @@ def stamp(args: Stamp, ctx: JobContext) -> None:
 
 # Known to this process (it may enqueue it), but no handler here: as during a deploy.
 jobs.register("bad_enqueue_only", EnqueueOnly, queue=QUEUE)
+jobs.register("bad_tenant", Tenant, queue=QUEUE, concurrency_key=tenant_key, concurrency_limit=1)
 
 
 @pytest.fixture(scope="module")
@@ -581,3 +598,105 @@ def test_any_text_in_a_payload_or_concurrency_key_is_stored_verbatim_or_refused(
     assert stored(fresh) == 0
     assert_sentinel(fresh)
     figures.record(examples=figures.values.get("examples", 0) + 1)
+
+
+#: Text with at least one lone surrogate (what ``json.loads`` makes of an escaped half pair, and
+#: what ``str`` holds after a ``surrogateescape`` decode): it has no UTF-8 form.
+SURROGATE_TEXT = st.tuples(
+    st.text(max_size=20),
+    st.text(alphabet=st.characters(categories=["Cs"]), min_size=1, max_size=3),
+    st.text(alphabet=st.characters(exclude_categories=[]), max_size=20),
+).map("".join)
+
+
+def surrogate_inputs(value: str) -> list[tuple[str, str, Any, dict[str, Any]]]:
+    """Every text input of an enqueue holding ``value``: (the field the error must name, the kind
+    name or None, the payload, the enqueue options)."""
+    escaped = value.encode("unicode_escape").decode("ascii")
+    return [
+        ("kind", value, {"tenant": "t"}, {}),
+        ("queue", "", Tenant(tenant="t"), {"queue": value}),
+        ("concurrency key", "", Note(text="fine"), {"concurrency_key": value}),
+        ("concurrency key", "", Tenant(tenant=escaped), {}),
+        ("text", "", Note(text=value), {}),
+        ("tags", "", Tenant(tenant="t", tags={value: "v"}), {}),
+        ("tags", "", Tenant(tenant="t", tags={"k": value}), {}),
+    ]
+
+
+def fillers(count: int) -> list[BaseModel]:
+    """Good payloads to put before the bad one."""
+    return [Order(order_id=n, email="a@example.com") for n in range(count)]
+
+
+def assert_refused(caught: pytest.ExceptionInfo[EnqueueError], field: str) -> None:
+    assert isinstance(caught.value, EnqueueError)
+    assert field in str(caught.value), f"{field!r} not named in {caught.value}"
+
+
+@injects("hypothesis: lone surrogates in every text input, on every enqueue path")
+@FUZZ
+@given(value=SURROGATE_TEXT)
+def test_a_lone_surrogate_in_any_text_input_is_refused_and_the_transaction_stays_usable(
+    value: str, fresh: Engine, migrated_url: str, figures: Figures
+) -> None:
+    """A lone surrogate in a kind name, a queue, a concurrency key (given, or computed by the kind's
+    key function) or any payload string (value or key) is refused with an EnqueueError naming the
+    field, by enqueue and by enqueue_many below and above the COPY threshold, sync and async:
+    nothing is written, and the job enqueued before it in the transaction commits."""
+    refused = 0
+    # Hypothesis runs every example with the same fixtures: the table keeps earlier examples' jobs.
+    before = stored(fresh)
+    with Session(fresh) as session:
+        kept = jobs.enqueue(session, Order(order_id=1, email="a@example.com")).id
+        for field, kind, payload, options in surrogate_inputs(value):
+            args = (kind, payload) if kind else (payload,)
+            with pytest.raises(EnqueueError) as caught:
+                jobs.enqueue(session, *args, **options)
+            assert_refused(caught, field)
+            refused += 1
+            if kind or "concurrency_key" in options:
+                continue
+            # Below the COPY threshold, at it, and past the first chunk (validated during the COPY).
+            for count in (COPY_THRESHOLD - 1, COPY_THRESHOLD, CHUNK + 1):
+                batch = [*fillers(count - 1), payload]
+                with pytest.raises(EnqueueError) as caught:
+                    jobs.enqueue_many(session, batch, **options)
+                assert_refused(caught, field)
+                refused += 1
+        assert_nothing_happened(session, before + 1)
+        session.commit()
+    with fresh.connect() as conn:
+        assert conn.execute(text("SELECT max(id) FROM sqla_jobs_job")).scalar() == kept
+
+    async def in_async_session() -> int:
+        engine = create_async_engine(sqlalchemy_url(migrated_url), poolclass=NullPool)
+        done = 0
+        try:
+            async with AsyncSession(engine) as session:
+                await jobs.enqueue_async(session, Order(order_id=2, email="b@example.com"))
+                for field, kind, payload, options in surrogate_inputs(value):
+                    args = (kind, payload) if kind else (payload,)
+                    with pytest.raises(EnqueueError) as caught:
+                        await jobs.enqueue_async(session, *args, **options)
+                    assert_refused(caught, field)
+                    done += 1
+                    if kind or "concurrency_key" in options:
+                        continue
+                    for count in (COPY_THRESHOLD - 1, COPY_THRESHOLD * 2):
+                        batch = [*fillers(count - 1), payload]
+                        with pytest.raises(EnqueueError) as caught:
+                            await jobs.enqueue_many_async(session, batch, **options)
+                        assert_refused(caught, field)
+                        done += 1
+                jobs_now = await session.execute(select(func.count()).select_from(Job))
+                assert jobs_now.scalar_one() == before + 2
+                await session.rollback()
+        finally:
+            await engine.dispose()
+        return done
+
+    refused += asyncio.run(in_async_session())
+    assert stored(fresh) == before + 1
+    assert_sentinel(fresh)
+    figures.record(examples=figures.values.get("examples", 0) + 1, refused=refused)

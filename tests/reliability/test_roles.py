@@ -9,6 +9,7 @@ and the schema are dropped at the end.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import secrets
 import subprocess
@@ -27,11 +28,13 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from sqla_jobs import JobContext, Jobs, Worker, stats, testing
 from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
+from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD
 from sqla_jobs.migrate import upgrade
 from tests.reliability import edge_app
 from tests.reliability.conftest import Figures, injects
@@ -219,37 +222,65 @@ def test_schema_owner_runs_the_migrations_without_superuser(
     figures.record(tables_owned=len(owners))
 
 
+#: enqueue_many's sizes: one INSERT, a COPY of one chunk, a COPY validated while it streams.
+MANY_SIZES = (3, COPY_THRESHOLD, CHUNK + 1)
+
+
+def enqueue_every_way(app: App, url: str) -> list[int]:
+    """Every enqueue call, sync and async, as the role of ``url``: each in a transaction that
+    enqueued a job first, which must commit with them. Returns the ids, in order."""
+    ids: list[int] = []
+    with Session(create_engine(url, poolclass=NullPool)) as session:
+        one = app.jobs.enqueue(session, Greet(n=1))
+        assert one.state == "pending"  # the whole row came back through RETURNING
+        ids.append(one.id)
+        for size in MANY_SIZES:
+            ids += app.jobs.enqueue_many(session, [Greet(n=n) for n in range(size)])
+        session.commit()
+
+    async def in_async_session() -> list[int]:
+        engine = create_async_engine(url, poolclass=NullPool)
+        try:
+            async with AsyncSession(engine) as session:
+                got = [(await app.jobs.enqueue_async(session, Greet(n=1))).id]
+                for size in MANY_SIZES:
+                    payloads = [Greet(n=n) for n in range(size)]
+                    got += await app.jobs.enqueue_many_async(session, payloads)
+                await session.commit()
+                return got
+        finally:
+            await engine.dispose()
+
+    return ids + asyncio.run(in_async_session())
+
+
+def stored_ids(engine: Engine, schema: str) -> list[int]:
+    with engine.connect() as conn:
+        return list(conn.scalars(text(f"SELECT id FROM {schema}.sqla_jobs_job ORDER BY id")))
+
+
 @injects("non-superuser roles with the grants of docs/roles.md")
 def test_enqueuer_adds_jobs_but_cannot_change_or_delete_them(
     roles: Roles, engine: Engine, figures: Figures
 ) -> None:
-    """The enqueuer role enqueues (one and many, no grant on the id sequence), and is refused
-    UPDATE, DELETE, TRUNCATE and the claim: it cannot change a job's state."""
+    """The enqueuer role makes every enqueue call (enqueue, enqueue_many by INSERT and by COPY,
+    sync and async), and is refused UPDATE, DELETE, TRUNCATE and the claim: it cannot change a
+    job's state."""
     app = make_app(roles.schema)
     enqueuer = roles.engine("enqueuer")
-    with Session(enqueuer) as session:
-        one = app.jobs.enqueue(session, Greet(n=1))
-        assert one.state == "pending"  # the whole row came back through RETURNING
-        ids = [one.id, *app.jobs.enqueue_many(session, [Greet(n=2), Greet(n=3)])]
-        session.commit()
     table = f"{roles.schema}.sqla_jobs_job"
-    with engine.connect() as conn:
-        stored = conn.execute(text(f"SELECT id FROM {table} ORDER BY id")).scalars().all()
-        sequence_usage = conn.execute(
-            text(
-                "SELECT has_sequence_privilege(:role, pg_get_serial_sequence(:table, 'id'), "
-                "'USAGE')"
-            ),
-            {"role": roles.name("enqueuer"), "table": table},
-        ).scalar_one()
-    assert set(ids) <= set(stored)
-    assert sequence_usage is False
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {table}"))
+    ids = enqueue_every_way(app, roles.url("enqueuer"))
+    assert stored_ids(engine, roles.schema) == ids
+    assert len(ids) == 2 * (1 + sum(MANY_SIZES))
 
     messages = [
         refused(execute_as(enqueuer, f"UPDATE {table} SET state = 'dead'")),
         refused(execute_as(enqueuer, f"UPDATE {table} SET run_at = now() + interval '1 day'")),
         refused(execute_as(enqueuer, f"DELETE FROM {table}")),
         refused(execute_as(enqueuer, f"TRUNCATE {table}")),
+        refused(execute_as(enqueuer, f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1)")),
     ]
 
     def claim() -> None:
@@ -265,6 +296,31 @@ def test_enqueuer_adds_jobs_but_cannot_change_or_delete_them(
         assert list(states) == ["pending"]
     enqueuer.dispose()
     figures.record(enqueued=len(ids), refused=len(messages))
+
+
+@injects("the enqueuer without USAGE on the id sequence (the grants of an earlier release)")
+def test_enqueuer_without_the_sequence_grant_still_makes_every_enqueue_call(
+    roles: Roles, engine: Engine, figures: Figures
+) -> None:
+    """An enqueuer granted only INSERT and SELECT on the table, as an earlier release of the page
+    said: enqueue_many of a COPY's size falls back to one INSERT, which takes its ids from the
+    identity under the table's INSERT privilege, and the caller's transaction is unharmed."""
+    app = make_app(roles.schema)
+    table = f"{roles.schema}.sqla_jobs_job"
+    sequence = f"{roles.schema}.sqla_jobs_job_id_seq"
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {table}"))
+    run_as(
+        roles.url("owner"), [f"REVOKE USAGE ON SEQUENCE {sequence} FROM {roles.name('enqueuer')}"]
+    )
+    try:
+        ids = enqueue_every_way(app, roles.url("enqueuer"))
+    finally:
+        run_as(
+            roles.url("owner"), [f"GRANT USAGE ON SEQUENCE {sequence} TO {roles.name('enqueuer')}"]
+        )
+    assert stored_ids(engine, roles.schema) == ids
+    figures.record(enqueued=len(ids))
 
 
 @injects("a role with INSERT but no SELECT on the queue table")

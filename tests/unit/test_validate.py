@@ -3,13 +3,19 @@ payload-by-payload path writes, and refuse exactly what it refuses, at the same 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
 from sqla_jobs import Jobs
-from sqla_jobs.errors import InvalidPayloadError, PayloadTooLargeError, UnknownKindError
+from sqla_jobs.errors import (
+    InvalidPayloadError,
+    InvalidTextError,
+    PayloadTooLargeError,
+    UnknownKindError,
+)
 from sqla_jobs.validate import Batch, prepare, prepare_many
 
 
@@ -62,14 +68,7 @@ def _one_by_one(jobs: Jobs, payloads: list[BaseModel]) -> Batch:
             priority=None,
             max_attempts=None,
         )
-        batch.queue.append(job.queue)
-        batch.kind.append(job.kind.name)
-        batch.payload.append(job.payload_json)
-        batch.priority.append(job.priority)
-        batch.max_attempts.append(job.max_attempts)
-        batch.max_crashes.append(job.max_crashes)
-        batch.concurrency_key.append(job.concurrency_key)
-        batch.concurrency_limit.append(job.concurrency_limit)
+        batch.add(job)
     return batch
 
 
@@ -124,3 +123,62 @@ def test_an_escaped_backslash_before_u0000_is_not_a_nul() -> None:
     jobs = _jobs()
     payloads = [Ping(n=1, tag="\\u0000"), Ping(n=2)]
     assert _many(jobs, payloads) == _one_by_one(jobs, payloads)
+
+
+class Tagged(BaseModel):
+    tags: dict[str, str]
+
+
+def test_a_payload_holding_the_replacement_character_is_stored_as_given() -> None:
+    """U+FFFD is what pydantic's dump writes for a dict key it cannot encode; one that was in the
+    payload all along is data, on the run loop and one by one."""
+    jobs = _jobs()
+    jobs.register("tagged", Tagged)
+    payloads: list[BaseModel] = [Tagged(tags={"\ufffd": "\ufffd"})] * 2
+    assert _many(jobs, payloads).column("payload") == ['{"tags":{"\ufffd":"\ufffd"}}'] * 2
+
+
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        (Tagged(tags={"tenant-\ud800": "v"}), "a key of field tags"),
+        (Tagged(tags={"k": "tenant-\udfff"}), "field tags.k"),
+    ],
+    ids=["key", "value"],
+)
+def test_a_lone_surrogate_in_a_payload_is_refused_naming_where_it_is(
+    payload: BaseModel, where: str
+) -> None:
+    jobs = _jobs()
+    jobs.register("tagged", Tagged)
+    with pytest.raises(InvalidTextError, match=f"payload 1: payload for kind 'tagged': {where} "):
+        _many(jobs, [Tagged(tags={}), payload])
+    with pytest.raises(InvalidTextError) as caught:
+        prepare(jobs, payload, None, max_bytes=1000, queue=None, priority=None, max_attempts=None)
+    assert caught.value.field == where
+
+
+class Escaped(BaseModel):
+    account: str
+
+
+def test_a_lone_surrogate_in_a_concurrency_key_is_refused_given_or_computed() -> None:
+    jobs = _jobs()
+    # The key function decodes the account as JSON would: the payload itself is plain ASCII.
+    jobs.register(
+        "escaped", Escaped, concurrency_limit=1, concurrency_key=lambda e: json.loads(e.account)
+    )
+    with pytest.raises(InvalidTextError, match="concurrency key for kind 'escaped'") as caught:
+        _many(jobs, [Escaped(account='"tenant-\\ud800"')])
+    assert caught.value.field == "concurrency_key"
+    with pytest.raises(InvalidTextError, match="concurrency key for kind 'keyed'"):
+        prepare(
+            jobs,
+            Keyed(account="a"),
+            None,
+            max_bytes=1000,
+            queue=None,
+            priority=None,
+            max_attempts=None,
+            concurrency_key="\udc80",
+        )

@@ -1,0 +1,115 @@
+"""The columns enqueue writes to a job row: the one list of them, in order, and the two shapes a
+checked row takes on its way there (:class:`Prepared`, one job; :class:`Batch`, many as columns).
+
+Everything that names them derives from :data:`COLUMNS`: the INSERT statements and COPY's column
+list (:mod:`sqla_jobs.statements`), the COPY text (:mod:`sqla_jobs._copy`), the ``Job`` enqueue
+returns (:mod:`sqla_jobs.enqueue`) and the batches validation builds (:mod:`sqla_jobs.validate`).
+A new column is one :class:`Column` here and one field of :class:`Prepared`; validation computes
+its value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import BigInteger, Text
+from sqlalchemy.types import TypeEngine
+
+from .kinds import Kind
+
+#: How COPY's text format writes a column's values: ``name`` as is (checked against ``NAME_RE``),
+#: ``json`` with its backslashes (and any raw control character) escaped, ``text`` fully escaped,
+#: ``int`` as a number.
+CopyAs = Literal["name", "json", "text", "int"]
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column enqueue writes."""
+
+    #: The job table's column; the bind parameter of the one-job INSERT; the :class:`Prepared`
+    #: field holding the value (``kind`` holds the :class:`Kind`, whose name is written).
+    name: str
+    #: The bulk INSERT's array parameter.
+    array: str
+    #: The array's element type (the one-job INSERT binds the table column's own type).
+    element: TypeEngine[Any]
+    copy_as: CopyAs
+    #: Bound as text and cast to ``jsonb`` in SQL; a ``Job`` holds it parsed.
+    json: bool = False
+    nullable: bool = False
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("queue", "queues", Text(), "name"),
+    Column("kind", "kinds", Text(), "name"),
+    Column("payload", "payloads", Text(), "json", json=True),
+    Column("priority", "priorities", BigInteger(), "int"),
+    Column("max_attempts", "max_attempts", BigInteger(), "int"),
+    Column("max_crashes", "max_crashes", BigInteger(), "int"),
+    Column("concurrency_key", "concurrency_keys", Text(), "text", nullable=True),
+    Column("concurrency_limit", "concurrency_limits", BigInteger(), "int", nullable=True),
+)
+NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One validated job, ready to insert: a field per :data:`COLUMNS` entry."""
+
+    kind: Kind
+    #: The JSON text.
+    payload: str
+    queue: str
+    priority: int
+    max_attempts: int
+    max_crashes: int
+    concurrency_key: str | None
+    concurrency_limit: int | None
+
+    def values(self) -> list[Any]:
+        """The row's values, in :data:`COLUMNS` order."""
+        return [self.kind.name if n == "kind" else getattr(self, n) for n in NAMES]
+
+
+class Batch:
+    """Validated jobs as parallel lists, one per :data:`COLUMNS` entry in its order, in payload
+    order: what ``enqueue_many`` writes."""
+
+    __slots__ = ("columns",)
+
+    def __init__(self) -> None:
+        self.columns: list[list[Any]] = [[] for _ in COLUMNS]
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Batch) and self.columns == other.columns
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Batch({dict(zip(NAMES, self.columns, strict=True))!r})"
+
+    def column(self, name: str) -> list[Any]:
+        """The values of column ``name``."""
+        return self.columns[NAMES.index(name)]
+
+    def add(self, job: Prepared) -> None:
+        """Append one job."""
+        for column, value in zip(self.columns, job.values(), strict=True):
+            column.append(value)
+
+    def add_run(self, template: Prepared, varying: dict[str, list[Any]]) -> None:
+        """Append jobs that share ``template``'s values but for the ``varying`` columns (one value
+        per job each): a run of one kind and options, filled a column at a time."""
+        n = len(next(iter(varying.values())))
+        for name, column, value in zip(NAMES, self.columns, template.values(), strict=True):
+            column += varying[name] if name in varying else [value] * n
+
+    def absorb(self, other: Batch) -> None:
+        """Append ``other``'s jobs after this batch's."""
+        for mine, theirs in zip(self.columns, other.columns, strict=True):
+            mine += theirs
