@@ -187,6 +187,15 @@ class Slots:
         done, _ = await asyncio.wait({future}, timeout=self._stuck_grace)
         if not done:
             running.stuck = True
+            log.error(
+                "job %s (%s): its sync handler is still running %gs past its timeout and cannot "
+                "be stopped; the worker stops claiming and exits for a restart. The job is not "
+                "given back: it is reaped once this process is gone",
+                job.id,
+                job.kind,
+                self._stuck_grace,
+                extra={"event": "stuck", "job_id": job.id, "kind": job.kind},
+            )
             self._on_stuck(running)
             await asyncio.shield(future)  # until it returns, or the shutdown cancels this task
         took = time.monotonic() - (running.ctx.deadline or 0.0) + timeout

@@ -2,8 +2,9 @@
 
 Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 bad usage or
 configuration (including a bad ``MODULE:ATTR``); 3 the database cannot be reached; 4 the database is
-not migrated (no queue table where the command looks, or an older one); 130 a worker forced out by
-a second SIGTERM/SIGINT.
+not migrated (no queue table where the command looks, or an older one); 5 a worker stopped because a
+sync handler was stuck past its timeout and grace (restart it); 130 a worker forced out by a second
+SIGTERM/SIGINT.
 
 An unexpected database error is one line on stderr; SQLA_JOBS_DEBUG=1 shows its traceback.
 """
@@ -105,6 +106,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         heartbeat=args.heartbeat,
         poll_interval=args.poll_interval,
         shutdown_timeout=args.shutdown_timeout,
+        stuck_grace=args.stuck_grace,
+        reap_interval=args.reap_interval,
         listen=not args.no_listen,
         keep_history=args.keep_history,
         prefetch=args.prefetch,
@@ -209,6 +212,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=_number_env("SHUTDOWN_TIMEOUT", float, 30.0),
         help="seconds running jobs get to finish after SIGTERM (env SQLA_JOBS_SHUTDOWN_TIMEOUT; 30)",
+    )
+    w.add_argument(
+        "--stuck-grace",
+        type=float,
+        default=_number_env("STUCK_GRACE", float, 60.0),
+        help="seconds a sync handler may run past its kind's timeout before the worker stops and "
+        "exits with code 5 for a restart (env SQLA_JOBS_STUCK_GRACE; 60)",
+    )
+    w.add_argument(
+        "--reap-interval",
+        type=float,
+        default=_number_env("REAP_INTERVAL", float, None),
+        help="seconds between reaps of expired leases (env SQLA_JOBS_REAP_INTERVAL; "
+        "half the lease, at most 30)",
     )
     w.add_argument(
         "--no-listen",

@@ -129,13 +129,14 @@ FILLED_COLUMNS = (
     job.c.run_at,
     job.c.attempts,
     job.c.crashes,
+    job.c.interruptions,
     job.c.created_at,
 )
 
 
 def insert_job() -> AnyInsert:
     """Insert one job; returns the :data:`FILLED_COLUMNS` (id, state, run_at, attempts, crashes,
-    created_at).
+    interruptions, created_at).
 
     Parameters: queue, kind, payload (JSON text), priority, max_attempts, max_crashes,
     concurrency_key and concurrency_limit (both NULL for an unkeyed job), and either run_at (aware

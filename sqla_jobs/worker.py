@@ -31,7 +31,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from ._config import WorkerConfig, WorkerSeams, check_config
-from ._connections import CONNECTION_ERRORS, Connector
+from ._connections import Connector
+from ._db import libpq_conninfo
 from ._fetch import FetchLoop
 from ._handoff import Handoff
 from ._holdings import Holdings, Running
@@ -41,6 +42,8 @@ from ._listener import Listener
 from ._outcome import HandlerTimeout
 from ._prefetch import Prefetch
 from ._reaper import Reaper
+from ._services import start_threads, stop_thread
+from ._shutdown import shutdown
 from ._slots import Slots
 from ._sql import WorkerSQL
 from ._steps import StepWriter
@@ -54,7 +57,7 @@ log = logging.getLogger("sqla_jobs.worker")
 #: Exit code of a worker forced out by a second signal.
 EXIT_FORCED = 130
 #: Exit code of a worker that stopped because a sync handler was stuck far past its timeout.
-EXIT_STUCK = 3
+EXIT_STUCK = 5
 
 
 class Worker:
@@ -98,8 +101,6 @@ class Worker:
         stuck_grace: float = 60.0,
         seams: WorkerSeams | None = None,
     ) -> None:
-        from ._db import libpq_conninfo
-
         if queues is None:
             queues = sorted({k.options.queue for k in jobs if k.handler is not None})
         self.config = WorkerConfig(
@@ -204,12 +205,15 @@ class Worker:
             await fetch.run()
             # First the listener: a claim its thread has in flight is delivered before the
             # shutdown gives back what was never started.
-            await self._stop_thread(self.listener)
-            await self._shutdown()
+            await stop_thread(self.listener)
+            await shutdown(self.lanes, self.holdings, self.config.shutdown_timeout)
+        except Exception:
+            # Logged here, with its traceback: the CLI reports it in one line.
+            log.exception("worker %s crashed", self.name, extra={"event": "crashed"})
+            raise
         finally:
-            await self._stop_thread(self.listener)
-            await self._stop_thread(self.reaper)
-            await self._stop_thread(self.leases)
+            for thread in (self.listener, self.reaper, self.leases):
+                await stop_thread(thread)
             await self.lanes.close()
             self._slots.close()
             self._steps.close()
@@ -269,30 +273,17 @@ class Worker:
         return fetch
 
     def _start_threads(self) -> None:
-        config, wakeups = self.config, self.wakeups
-        assert wakeups is not None
-        self.leases = LeaseKeeper(
+        assert self.wakeups is not None
+        self.leases, self.reaper, self.listener = start_threads(
             connector=self.connector,
             sql=self._sql,
-            lease=timedelta(seconds=config.lease),
-            heartbeat=config.heartbeat_seconds,
-            snapshot=self.holdings.snapshot,
-            on_lost=lambda held: wakeups.call_soon(self.holdings.lost, held),
-            paused=self._seams.heartbeats_paused,
-        )
-        self.leases.start()
-        self.reaper = Reaper(
-            connector=self.connector,
-            sql=self._sql,
-            interval=config.reap_seconds,
+            config=self.config,
             channel=self.jobs.channel,
+            holdings=self.holdings,
+            wakeups=self.wakeups,
+            handoff=self.handoff,
+            heartbeats_paused=self._seams.heartbeats_paused,
         )
-        self.reaper.start()
-        if self.handoff is not None:
-            self.listener = Listener(
-                self.connector, self.jobs.channel, config.queues, self.handoff.on_notify
-            )
-            self.listener.start()
 
     def _on_signal(self, sig: int) -> None:
         if self._stop_requested:
@@ -309,62 +300,6 @@ class Worker:
         self.stop()
 
     def _on_stuck(self, running: Running) -> None:
-        job = running.job
-        log.error(
-            "job %s (%s): its sync handler is still running %gs past its timeout and cannot be "
-            "stopped; the worker stops claiming and exits (code %d) for a restart. The job is "
-            "not given back: it is reaped once this process is gone",
-            job.id,
-            job.kind,
-            self.config.stuck_grace,
-            EXIT_STUCK,
-            extra={"event": "stuck", "job_id": job.id, "kind": job.kind},
-        )
+        # A hard time limit: stop claiming, and exit with EXIT_STUCK for a supervisor to restart.
         self._exit_code = EXIT_STUCK
         self.stop()
-
-    async def _stop_thread(self, thread: LeaseKeeper | Reaper | Listener | None) -> None:
-        if thread is not None and thread.is_alive():
-            thread.stop()
-            await asyncio.to_thread(thread.join, 10)
-
-    # -- shutdown -------------------------------------------------------------------------------
-
-    async def _shutdown(self) -> None:
-        lanes, holdings = self.lanes, self.holdings
-        assert lanes is not None
-        # Claimed but never started: straight back to the queue for another worker, before
-        # waiting for the running handlers.
-        unstarted = holdings.unstarted()
-        try:
-            await lanes.release(unstarted)
-            unstarted = []
-        except CONNECTION_ERRORS:
-            pass  # retried below with the rest
-        tasks = {r.task for r in holdings.running.values() if r.task is not None}
-        if tasks:
-            await asyncio.wait(tasks, timeout=self.config.shutdown_timeout)
-        running = list(holdings.running.values())
-        for each in running:
-            if each.task is not None:
-                each.task.cancel()
-        await asyncio.gather(*(r.task for r in running if r.task), return_exceptions=True)
-        # A stuck sync handler's job is not given back: its thread may still act on it.
-        interrupted = [r.job for r in running if not r.stuck]
-        for attempt in range(3):
-            try:
-                await lanes.flush()
-                await lanes.release(unstarted)
-                unstarted = []
-                await lanes.release(interrupted, interrupted=True)
-                return
-            except CONNECTION_ERRORS as exc:
-                log.warning(
-                    "shutdown write failed (%s), retrying", exc, extra={"event": "conn_lost"}
-                )
-                await lanes.close()
-                await asyncio.sleep(0.2 * (attempt + 1))
-        log.error(
-            "could not record outcomes at shutdown; their leases will expire and be reaped",
-            extra={"event": "shutdown_incomplete"},
-        )

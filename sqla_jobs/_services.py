@@ -1,0 +1,60 @@
+"""The worker's threads: heartbeats, the reaper and the listener, each on its own connection.
+
+They reach the event loop only through :class:`~sqla_jobs._wakeups.Wakeups` (the listener through
+the hand-off, the heartbeat thread to report lost leases), never through another part's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import timedelta
+
+from ._config import WorkerConfig
+from ._connections import Connector
+from ._handoff import Handoff
+from ._holdings import Holdings
+from ._leases import LeaseKeeper
+from ._listener import Listener
+from ._reaper import Reaper
+from ._sql import WorkerSQL
+from ._wakeups import Wakeups
+
+
+def start_threads(
+    *,
+    connector: Connector,
+    sql: WorkerSQL,
+    config: WorkerConfig,
+    channel: str,
+    holdings: Holdings,
+    wakeups: Wakeups,
+    handoff: Handoff | None,
+    heartbeats_paused: threading.Event | None,
+) -> tuple[LeaseKeeper, Reaper, Listener | None]:
+    """Start the heartbeat and reaper threads, and the listener unless ``handoff`` is None
+    (poll-only mode)."""
+    leases = LeaseKeeper(
+        connector=connector,
+        sql=sql,
+        lease=timedelta(seconds=config.lease),
+        heartbeat=config.heartbeat_seconds,
+        snapshot=holdings.snapshot,
+        on_lost=lambda held: wakeups.call_soon(holdings.lost, held),
+        paused=heartbeats_paused,
+    )
+    leases.start()
+    reaper = Reaper(connector=connector, sql=sql, interval=config.reap_seconds, channel=channel)
+    reaper.start()
+    listener = None
+    if handoff is not None:
+        listener = Listener(connector, channel, config.queues, handoff.on_notify)
+        listener.start()
+    return leases, reaper, listener
+
+
+async def stop_thread(thread: LeaseKeeper | Reaper | Listener | None) -> None:
+    """Ask ``thread`` to stop and wait for it (at most 10 s), off the event loop."""
+    if thread is not None and thread.is_alive():
+        thread.stop()
+        await asyncio.to_thread(thread.join, 10)
