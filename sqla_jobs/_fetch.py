@@ -173,15 +173,18 @@ class FetchLoop:
             wakeups.drained = claimed < limit and wakeups.count == count
         return want_claim and not wakeups.drained
 
-    def want_claim(self, room: int) -> bool:
+    def want_claim(self, room: int | None = None) -> bool:
         """Whether to claim now: refill when the local buffer runs low (claims come in batches,
         and a batch's completions ride along with the next claim), only while a slot is free (a
         worker whose slots are all busy must not take jobs it cannot start)."""
         holdings, wakeups, prefetch = self._holdings, self._wakeups, self._prefetch
         # The buffer test first: it is the one that fails while a busy worker has work.
+        if len(holdings.buffer) > prefetch.size // 2:
+            return False
+        if room is None:
+            room = self._room()
         return (
-            len(holdings.buffer) <= prefetch.size // 2
-            and not wakeups.drained
+            not wakeups.drained
             and not (self._handoff is not None and self._handoff.thread_claim)
             and wakeups.in_flight < len(self._lanes.lanes)
             and room > 0
@@ -196,6 +199,6 @@ class FetchLoop:
         second); the loop's own timers cover the rest."""
         holdings = self._holdings
         finished = len(holdings.finished)
-        if finished == 1 or not holdings.busy():
+        if finished == 1 or not (holdings.running or holdings.buffer or holdings.deferred):
             return True
-        return finished >= self._prefetch.limit or self.want_claim(self._room())
+        return finished >= self._prefetch.limit or self.want_claim()

@@ -1,9 +1,9 @@
 """What a worker holds: every job it has a lease on, from its claim to its written outcome.
 
-A job is held as (id, lease token), never by id alone: after a lost lease a process can claim a
-job it is still running (the old run's handler cannot be stopped), and the two claims must not be
+Leases are (id, lease token) pairs, never ids alone: after a lost lease a process can claim a job
+it is still running (the old run's handler cannot be stopped), and the two claims must not be
 confused. The new claim waits in :attr:`Holdings.deferred` until the old run ends, so one process
-never runs two instances of one job.
+never runs two instances of one job, and running jobs can be keyed by id.
 
 Owned by the event loop. The lease thread only reads it, through :meth:`Holdings.snapshot`
 (copies made by single C-level calls, safe under the GIL while the loop changes the
@@ -17,7 +17,6 @@ import collections
 import logging
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from ._outcome import Outcome
@@ -28,16 +27,9 @@ log = logging.getLogger("sqla_jobs.worker")
 Held = tuple[int, uuid.UUID]
 
 
-@dataclass(eq=False)
-class Running:
-    """A job whose handler runs now: its context, and the slot task running it."""
-
-    job: ClaimedJob
-    ctx: JobContext
-    task: asyncio.Task[Any] | None
-    #: A sync handler far past its timeout: its thread cannot be stopped, so the job is never
-    #: given back; its lease runs out once the process exits, and the job is reaped.
-    stuck: bool = False
+#: A job whose handler runs now, its context, and the slot task running it (a plain tuple: one is
+#: built per job run).
+Running = tuple[ClaimedJob, JobContext, "asyncio.Task[Any] | None"]
 
 
 def _last_life(job: ClaimedJob) -> bool:
@@ -51,8 +43,11 @@ class Holdings:
     crash rule)."""
 
     def __init__(self) -> None:
-        self.running: dict[Held, Running] = {}
-        self._running_ids: collections.Counter[int] = collections.Counter()
+        self.running: dict[int, Running] = {}
+        #: Ids of running jobs whose sync handler is stuck far past its timeout: its thread
+        #: cannot be stopped, so the job is never given back (it is reaped once the process
+        #: exits).
+        self.stuck: set[int] = set()
         self.buffer: collections.deque[ClaimedJob] = collections.deque()
         self.deferred: list[ClaimedJob] = []
         self.finished: list[Outcome] = []
@@ -102,38 +97,39 @@ class Holdings:
             if job.crashes and (self.crashed if _last_life(job) else self.last_life):
                 self.give_back.append(job)
                 continue
-            self._count(job, 1)
-            if job.id in self._running_ids:
+            if job.crashes:
+                self._count(job, 1)
+            if job.id in self.running:
                 self.deferred.append(job)
             else:
                 self.buffer.append(job)
             taken += 1
         return taken
 
-    def start(self, job: ClaimedJob, ctx: JobContext, task: asyncio.Task[Any] | None) -> Running:
-        """``job`` (taken from the buffer) starts running in ``task``."""
-        running = self.running[(job.id, job.lease_token)] = Running(job, ctx, task)
-        self._running_ids[job.id] += 1
-        return running
+    def defer(self, job: ClaimedJob) -> None:
+        """Hold ``job`` back until the run of the same job here ends (a slot found it in the
+        buffer while that run still runs). Slots start jobs by putting them in :attr:`running`
+        themselves: one dict store per job, on the hot path."""
+        self.deferred.append(job)
 
-    def end(self, running: Running, outcome: Outcome | None, now: float) -> None:
-        """``running``'s handler is done; ``outcome`` None: nothing to write (cancelled at
-        shutdown, to be given back). A claim of the same job deferred behind it may start now."""
-        job = running.job
-        self.running.pop((job.id, job.lease_token), None)
-        self._count(job, -1)
+    def end(self, job: ClaimedJob, outcome: Outcome | None, now: float) -> None:
+        """``job``'s handler is done; ``outcome`` None: nothing to write (cancelled at shutdown,
+        to be given back). A claim of the same job deferred behind it may start now."""
+        del self.running[job.id]
+        if job.crashes:
+            self._count(job, -1)
+        if self.stuck:
+            self.stuck.discard(job.id)
         if outcome is not None:
             if not self.finished:
                 self.finished_since = now
             self.finished.append(outcome)
-        self._running_ids[job.id] -= 1
-        if self._running_ids[job.id] <= 0:
-            del self._running_ids[job.id]
-            if self.deferred:
-                ready = [j for j in self.deferred if j.id == job.id]
-                if ready:
-                    self.deferred = [j for j in self.deferred if j.id != job.id]
-                    self.buffer.extendleft(reversed(ready))
+        if self.deferred:
+            ready = [j for j in self.deferred if j.id == job.id]
+            if ready:
+                # One at a time: the next claim of this job waits for this one's run.
+                self.deferred.remove(ready[0])
+                self.buffer.appendleft(ready[0])
 
     def take_buffer(self) -> list[ClaimedJob]:
         """Every buffered job, out of the buffer (to be given back)."""
@@ -161,7 +157,7 @@ class Holdings:
 
     def snapshot(self) -> list[Held]:
         """Every (id, token) this worker holds a lease on. Called from the lease thread."""
-        held = list(self.running)
+        held = [(r[0].id, r[0].lease_token) for r in list(self.running.values())]
         held += [(j.id, j.lease_token) for j in [*self.buffer, *self.deferred, *self.give_back]]
         outcomes = [*self.finished, *(o for batch in list(self.writing.values()) for o in batch)]
         held += [(o.job.id, o.job.lease_token) for o in outcomes]
@@ -171,9 +167,9 @@ class Holdings:
         """Leases that expired and were reaped: another worker may own these jobs now. Running
         handlers are told (``ctx.lease_lost``); jobs not started are dropped, never run."""
         for key in held:
-            running = self.running.get(key)
-            if running is not None:
-                running.ctx.lease_lost.set()
+            running = self.running.get(key[0])
+            if running is not None and running[0].lease_token == key[1]:
+                running[1].lease_lost.set()
                 log.warning(
                     "job %s: lease lost (expired and reaped); its result will be discarded",
                     key[0],

@@ -71,6 +71,7 @@ class LeaseKeeper(threading.Thread):
         self._conn: Conn | None = None
         #: Renewals skipped because another session held the row locked (for tests and logs).
         self.skipped_locked = 0
+        self._locked_before: set[Held] = set()
 
     def stop(self) -> None:
         """Ask the thread to finish its current beat and exit."""
@@ -115,6 +116,7 @@ class LeaseKeeper(threading.Thread):
         renewed = {int(r[0]) for r in rows}  # type: ignore[call-overload]
         missing = [h for h in held if h[0] not in renewed]
         if not missing:
+            self._locked_before = set()
             return
         # Lost, or locked by another session: a plain read (it waits for no lock) tells which.
         still = conn.execute(
@@ -122,11 +124,16 @@ class LeaseKeeper(threading.Thread):
         ).fetchall()
         kept = {int(r[0]) for r in still}  # type: ignore[call-overload]
         locked = [h for h in missing if h[0] in kept]
-        if locked:
-            self.skipped_locked += len(locked)
+        # A row this worker's own completion holds for a moment is skipped too: only a row
+        # locked at two beats in a row is worth a line.
+        again = [h for h in locked if h in self._locked_before]
+        self._locked_before = set(locked)
+        self.skipped_locked += len(locked)
+        if again:
+            locked = again
             log.warning(
-                "%d leases not renewed this beat: their rows are locked by another session "
-                "(jobs %s)",
+                "%d leases not renewed at two beats in a row: their rows are locked by another "
+                "session (jobs %s)",
                 len(locked),
                 ",".join(str(i) for i, _ in locked[:10]),
                 extra={"event": "lease_row_locked"},

@@ -28,15 +28,16 @@ async def shutdown(lanes: Lanes, holdings: Holdings, timeout: float) -> None:
         unstarted = []
     except CONNECTION_ERRORS:
         pass  # retried below with the rest
-    tasks = {r.task for r in holdings.running.values() if r.task is not None}
+    tasks = {task for _, _, task in holdings.running.values() if task is not None}
     if tasks:
         await asyncio.wait(tasks, timeout=timeout)
     running = list(holdings.running.values())
-    for each in running:
-        if each.task is not None:
-            each.task.cancel()
-    await asyncio.gather(*(r.task for r in running if r.task), return_exceptions=True)
-    interrupted = [r.job for r in running if not r.stuck]
+    stuck = set(holdings.stuck)  # taken before their runs end (and leave the holdings)
+    cancelled = [task for _, _, task in running if task is not None]
+    for task in cancelled:
+        task.cancel()
+    await asyncio.gather(*cancelled, return_exceptions=True)
+    interrupted = [job for job, _, _ in running if job.id not in stuck]
     for attempt in range(_TRIES):
         try:
             await lanes.flush()

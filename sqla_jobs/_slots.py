@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ._holdings import Holdings, Running
+from ._holdings import Holdings
 from ._outcome import HandlerTimeout, Outcome, failed, resolve
 from ._prefetch import Prefetch
 from ._threads import SyncRunners
@@ -49,8 +49,7 @@ class Slots:
         recorder: Recorder,
         lanes: int,
         stuck_grace: float,
-        on_stuck: Callable[[Running], None],
-        loop_has_work: Callable[[], bool],
+        on_stuck: Callable[[ClaimedJob], None],
     ) -> None:
         self._jobs = jobs
         self._worker = worker
@@ -62,7 +61,9 @@ class Slots:
         self._lanes = lanes
         self._stuck_grace = stuck_grace
         self._on_stuck = on_stuck
-        self._loop_has_work = loop_has_work
+        #: Whether a job's end gives the fetch loop something to do (set by the worker: the fetch
+        #: loop is built after the slots).
+        self.loop_has_work: Callable[[], bool] = lambda: True
         #: The slot tasks alive; also the only strong references to them (the loop keeps weak).
         self.tasks: set[asyncio.Task[None]] = set()
         self._turn = 0
@@ -90,10 +91,14 @@ class Slots:
         task = asyncio.current_task()
         assert task is not None
         holdings, wakeups = self._holdings, self._wakeups
+        buffer, running = holdings.buffer, holdings.running
         ran = 0
         try:
-            while holdings.buffer and not wakeups.stopping:
-                job = holdings.buffer.popleft()
+            while buffer and not wakeups.stopping:
+                job = buffer.popleft()
+                if job.id in running:
+                    holdings.defer(job)  # claimed again while its older run runs here
+                    continue
                 holdings.buffered_at = time.monotonic()
                 await self.run(job, task)
                 ran += 1
@@ -110,18 +115,19 @@ class Slots:
     async def run(self, job: ClaimedJob, task: asyncio.Task[Any] | None) -> None:
         """Run one job to its outcome (left in the holdings for the fetch loop to write)."""
         resolved = resolve(self._jobs, job)
-        timeout = None if isinstance(resolved, Outcome) else resolved[0].options.timeout
+        ready = resolved.__class__ is tuple
+        timeout = resolved[0].options.timeout if ready else None  # type: ignore[index]
         ctx = JobContext.for_job(job, self._worker, self._recorder, timeout)
-        running = self._holdings.start(job, ctx, task)
+        self._holdings.running[job.id] = (job, ctx, task)
         started = time.monotonic()
         outcome: Outcome | None = None
         try:
-            if isinstance(resolved, Outcome):
-                outcome = resolved
+            if not ready:
+                outcome = resolved  # type: ignore[assignment]
             else:
-                kind, args = resolved
+                kind, args = resolved  # type: ignore[misc]
                 try:
-                    await self._call(kind, args, running)
+                    await self._call(kind, args, job, ctx)
                     outcome = Outcome(job)
                 except asyncio.CancelledError:
                     raise  # at the shutdown timeout: no outcome; the job is given back
@@ -130,15 +136,15 @@ class Slots:
         finally:
             now = time.monotonic()
             self._prefetch.observe(now - started)
-            self._holdings.end(running, outcome, now)
+            self._holdings.end(job, outcome, now)
             wakeups = self._wakeups
             if job.concurrency_key is not None:
                 # Its key has room again: look for the key's next job without waiting for a poll.
                 wakeups.undrain()
-            if wakeups.stopping or self._loop_has_work():
+            if wakeups.stopping or self.loop_has_work():
                 wakeups.event.set()
 
-    async def _call(self, kind: Kind, args: Any, running: Running) -> None:
+    async def _call(self, kind: Kind, args: Any, job: ClaimedJob, ctx: JobContext) -> None:
         handler = kind.handler
         assert handler is not None
         is_async = self._is_async.get(handler)
@@ -146,7 +152,7 @@ class Slots:
             is_async = self._is_async[handler] = inspect.iscoroutinefunction(handler)
         timeout = kind.options.timeout
         if is_async:
-            call: Any = handler(args, running.ctx)
+            call: Any = handler(args, ctx)
             if timeout is None:
                 result = await call
             else:
@@ -159,23 +165,22 @@ class Slots:
                 self._runners = SyncRunners(
                     asyncio.get_running_loop(), self._concurrency, "sqla-jobs-handler"
                 )
-            future = self._runners.submit(handler, args, running.ctx)
+            future = self._runners.submit(handler, args, ctx)
             try:
-                result = await self._sync_result(future, timeout, running)
+                result = await self._sync_result(future, timeout, job, ctx)
             finally:
                 future.cancel()  # cancelled at shutdown: the runner drops the result
         if result is not None and inspect.isawaitable(result):
             await result
 
     async def _sync_result(
-        self, future: asyncio.Future[Any], timeout: float | None, running: Running
+        self, future: asyncio.Future[Any], timeout: float | None, job: ClaimedJob, ctx: JobContext
     ) -> Any:
         if timeout is None:
             return await future
         done, _ = await asyncio.wait({future}, timeout=timeout)
         if done:
             return future.result()
-        job = running.job
         log.warning(
             "job %s (%s) passed its timeout of %gs; its sync handler cannot be interrupted: the "
             "job stays running until the handler returns",
@@ -186,7 +191,7 @@ class Slots:
         )
         done, _ = await asyncio.wait({future}, timeout=self._stuck_grace)
         if not done:
-            running.stuck = True
+            self._holdings.stuck.add(job.id)
             log.error(
                 "job %s (%s): its sync handler is still running %gs past its timeout and cannot "
                 "be stopped; the worker stops claiming and exits for a restart. The job is not "
@@ -196,9 +201,9 @@ class Slots:
                 self._stuck_grace,
                 extra={"event": "stuck", "job_id": job.id, "kind": job.kind},
             )
-            self._on_stuck(running)
+            self._on_stuck(job)
             await asyncio.shield(future)  # until it returns, or the shutdown cancels this task
-        took = time.monotonic() - (running.ctx.deadline or 0.0) + timeout
+        took = time.monotonic() - (ctx.deadline or 0.0) + timeout
         error = future.exception()
         detail = f": {type(error).__name__}" if error is not None else ""
         raise HandlerTimeout(

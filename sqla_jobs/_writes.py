@@ -10,12 +10,13 @@ again because of its row.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import psycopg
 
 from ._connections import CONNECTION_ERRORS, AsyncConn
-from ._leases import held_params
+from ._leases import pg_array
 from ._outcome import Outcome, fail_params
 from ._sql import WorkerSQL
 
@@ -34,29 +35,37 @@ class OutcomeWriter:
 
     async def send(
         self, conn: AsyncConn, batch: list[Outcome]
-    ) -> tuple[int, Cursor | None, list[tuple[Outcome, Cursor]]]:
+    ) -> tuple[int, list[Cursor], list[tuple[Outcome, Cursor]]]:
         """Send ``batch``'s writes (in a pipeline nothing is read until it ends); returns what
         :meth:`read` needs."""
-        done = [o.job for o in batch if o.error is None]
-        done_cur = None
-        if done:
-            pairs = [(j.id, j.lease_token) for j in done]
-            done_cur = await conn.execute(
-                self._complete.sql, self._complete.params(**held_params(pairs))
-            )
+        # One completion per claim (usually one or two in a batch): each is exact on its token.
+        claims: dict[uuid.UUID, list[int]] = {}
+        sent = 0
+        for o in batch:
+            if o.error is None:
+                claims.setdefault(o.job.lease_token, []).append(o.job.id)
+                sent += 1
+        complete = self._complete
+        done_curs = [
+            await conn.execute(complete.sql, complete.params(ids=pg_array(ids), token=token))
+            for token, ids in claims.items()
+        ]
         fail_curs = [
             (o, await conn.execute(self._sql.fail.sql, fail_params(self._sql, o)))
             for o in batch
             if o.error is not None
         ]
-        return len(done), done_cur, fail_curs
+        return sent, done_curs, fail_curs
 
     async def read(
-        self, sent: int, done_cur: Cursor | None, fail_curs: list[tuple[Outcome, Cursor]]
+        self, sent: int, done_curs: list[Cursor], fail_curs: list[tuple[Outcome, Cursor]]
     ) -> None:
         """Count and log what :meth:`send` wrote."""
-        if done_cur is not None:
-            self._count_done(sent, len(await done_cur.fetchall()))
+        if done_curs:
+            written = 0
+            for cur in done_curs:
+                written += len(await cur.fetchall())
+            self._count_done(sent, written)
         for outcome, cur in fail_curs:
             self._log_failure(outcome, await cur.fetchone())
 

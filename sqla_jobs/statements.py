@@ -476,15 +476,24 @@ def record_step() -> AnyUpdate:
     )
 
 
+def _claimed_by() -> ColumnElement[bool]:
+    # The jobs ``ids`` of the one claim ``token``: exact pairs (every id with that token), and one
+    # index scan for the whole array, which a join of (id, token) pairs is not (a descent per
+    # pair: 6% of a drain's throughput).
+    return and_(
+        job.c.id == func.any(_ids()),
+        job.c.lease_token == bindparam("token", type_=UUID(as_uuid=True)),
+    )
+
+
 def complete() -> AnyDelete:
-    """Delete the finished jobs ``ids`` whose lease is still ``tokens`` (parallel arrays, one
-    token per id); returns the deleted ids.
+    """Delete the finished jobs ``ids`` of the claim ``token`` whose lease that claim still holds;
+    returns the deleted ids. A batch of several claims' jobs sends one per claim.
 
     Fenced: a job whose lease expired and was re-claimed carries another token and is left alone.
     Locks the deleted rows; served by the primary key.
     """
-    held = _held()
-    return delete(job).where(_fenced(held)).returning(job.c.id)
+    return delete(job).where(_claimed_by()).returning(job.c.id)
 
 
 def keep_completed() -> AnyUpdate:
@@ -510,10 +519,9 @@ def keep_completed() -> AnyUpdate:
 def complete_into_history() -> AnyInsert:
     """Like :func:`complete`, and copy each deleted job into ``sqla_jobs_history`` in the same
     statement; returns the ids kept."""
-    held = _held()
     done = (
         delete(job)
-        .where(_fenced(held))
+        .where(_claimed_by())
         .returning(*[job.c[c] for c in _HISTORY_COLUMNS])
         .cte("done")
     )

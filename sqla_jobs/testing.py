@@ -28,7 +28,6 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ._config import WorkerSeams
-from ._leases import held_params
 from ._outcome import Outcome, fail_params, failed, resolve
 from ._sql import Compiled, WorkerSQL
 from .context import ClaimedJob, JobContext, Recorder
@@ -147,7 +146,7 @@ def _run_one(
         except Exception as exc:
             outcome, error = failed(job, kind, exc), exc
     if outcome.error is None:
-        execute(sql.complete, **held_params([(job.id, job.lease_token)]))
+        execute(sql.complete, ids=[job.id], token=job.lease_token)
         result.done += 1
         return None
     state = execute(sql.fail, **fail_params(sql, outcome)).first()

@@ -35,7 +35,7 @@ from ._connections import Connector
 from ._db import libpq_conninfo
 from ._fetch import FetchLoop
 from ._handoff import Handoff
-from ._holdings import Holdings, Running
+from ._holdings import Holdings
 from ._lanes import Lanes
 from ._leases import LeaseKeeper
 from ._listener import Listener
@@ -48,6 +48,7 @@ from ._slots import Slots
 from ._sql import WorkerSQL
 from ._steps import StepWriter
 from ._wakeups import Wakeups
+from .context import ClaimedJob
 from .jobs import Jobs
 
 __all__ = ["EXIT_FORCED", "EXIT_STUCK", "HandlerTimeout", "Worker"]
@@ -247,7 +248,6 @@ class Worker:
             lanes=len(self.lanes.lanes),
             stuck_grace=config.stuck_grace,
             on_stuck=self._on_stuck,
-            loop_has_work=lambda: fetch.has_work(),
         )
         if config.listen:
             self.handoff = Handoff(
@@ -270,6 +270,7 @@ class Worker:
             wakeups=wakeups,
             handoff=self.handoff,
         )
+        self._slots.loop_has_work = fetch.has_work
         return fetch
 
     def _start_threads(self) -> None:
@@ -299,7 +300,7 @@ class Worker:
         )
         self.stop()
 
-    def _on_stuck(self, running: Running) -> None:
+    def _on_stuck(self, job: ClaimedJob) -> None:
         # A hard time limit: stop claiming, and exit with EXIT_STUCK for a supervisor to restart.
         self._exit_code = EXIT_STUCK
         self.stop()

@@ -389,7 +389,7 @@ def test_a_sync_handler_past_its_timeout_keeps_its_job_running_until_it_returns_
     assert 0 < left <= 0.2
 
 
-def test_a_sync_handler_stuck_past_its_grace_stops_the_worker_with_exit_3_and_keeps_its_job(
+def test_a_sync_handler_stuck_past_its_grace_stops_the_worker_with_exit_5_and_keeps_its_job(
     clean: Engine, migrated_url: str
 ) -> None:
     """A hard time limit: the worker stops claiming and exits for a restart; the stuck job is

@@ -240,8 +240,10 @@ def test_a_stale_worker_can_no_longer_write_once_its_job_is_reclaimed(conn: Conn
 
     stale = {"ids": [job_id], "tokens": [old["lease_token"]]}
     writes = {
-        "complete": SQL.complete.params(**stale),
-        "complete_into_history": SQL.complete_into_history.params(**stale),
+        "complete": SQL.complete.params(ids=[job_id], token=old["lease_token"]),
+        "complete_into_history": SQL.complete_into_history.params(
+            ids=[job_id], token=old["lease_token"]
+        ),
         "heartbeat": SQL.heartbeat.params(**stale, lease=timedelta(hours=1)),
         "release": SQL.release.params(**stale),
         "fail": SQL.fail.params(
@@ -267,7 +269,7 @@ def test_a_stale_worker_can_no_longer_write_once_its_job_is_reclaimed(conn: Conn
     )
     assert conn.execute("SELECT count(*) AS n FROM sqla_jobs_history").fetchone() == {"n": 0}
     cur = conn.execute(
-        SQL.complete.sql, SQL.complete.params(ids=[job_id], tokens=[new["lease_token"]])
+        SQL.complete.sql, SQL.complete.params(ids=[job_id], token=new["lease_token"])
     )
     assert cur.rowcount == 1, "the owner's token still works"
 
@@ -376,12 +378,16 @@ def test_the_fence_matches_id_token_pairs_not_two_sets(conn: Conn) -> None:
     (a,) = claim(conn, 1)
     (b,) = claim(conn, 1)
     crossed = {"ids": [a_id, b_id], "tokens": [b["lease_token"], a["lease_token"]]}
-    for name in ("complete", "heartbeat", "release"):
+    for name in ("heartbeat", "release"):
         params = getattr(SQL, name).params(**crossed, lease=timedelta(hours=1))
         cur = conn.execute(getattr(SQL, name).sql, params)
         assert cur.rowcount == 0, f"{name} paired one claim's id with another claim's token"
+    # A completion is per claim: a's id under b's claim token deletes nothing.
+    for name in ("complete", "complete_into_history"):
+        params = getattr(SQL, name).params(ids=[a_id], token=b["lease_token"])
+        assert conn.execute(getattr(SQL, name).sql, params).rowcount == 0, name
     paired = {"ids": [a_id, b_id], "tokens": [a["lease_token"], b["lease_token"]]}
-    assert conn.execute(SQL.complete.sql, SQL.complete.params(**paired)).rowcount == 2
+    assert conn.execute(SQL.release.sql, SQL.release.params(**paired)).rowcount == 2
 
 
 def test_heartbeat_skips_a_row_locked_by_another_session_and_renews_the_others(

@@ -1,1 +1,1 @@
-DELETE FROM sqla_jobs_job USING unnest(%(ids)s::BIGINT[], %(tokens)s::UUID[]) AS held(id, token) WHERE sqla_jobs_job.id = held.id AND sqla_jobs_job.lease_token = held.token RETURNING sqla_jobs_job.id
+DELETE FROM sqla_jobs_job WHERE sqla_jobs_job.id = any(%(ids)s::BIGINT[]) AND sqla_jobs_job.lease_token = %(token)s::UUID RETURNING sqla_jobs_job.id
