@@ -5,8 +5,9 @@ Enqueue rides the caller's own ``Session``: the job exists if and only if that t
 
 from __future__ import annotations
 
+from ._ops import CancelResult
 from .backoff import Backoff
-from .context import JobContext
+from .context import Discard, JobContext, Snooze
 from .errors import (
     ConfigurationError,
     DatabaseURLError,
@@ -16,7 +17,11 @@ from .errors import (
     InvalidQueueNameError,
     InvalidScheduleError,
     InvalidTextError,
+    JobCancelledError,
+    JobNotFoundError,
+    JobStateError,
     LeaseLostError,
+    OperationError,
     PayloadTooLargeError,
     RegistryError,
     SqlaJobsError,
@@ -25,13 +30,15 @@ from .errors import (
 )
 from .jobs import Jobs
 from .kinds import Kind, KindOptions
-from .model import Job, JobHistory, JobState, metadata
+from .model import Job, JobHistory, JobState, QueueState, metadata
 from .worker import Worker
 
 __all__ = [
     "Backoff",
+    "CancelResult",
     "ConfigurationError",
     "DatabaseURLError",
+    "Discard",
     "EnqueueError",
     "InvalidOptionError",
     "InvalidPayloadError",
@@ -39,15 +46,21 @@ __all__ = [
     "InvalidScheduleError",
     "InvalidTextError",
     "Job",
+    "JobCancelledError",
     "JobContext",
     "JobHistory",
+    "JobNotFoundError",
     "JobState",
+    "JobStateError",
     "Jobs",
     "Kind",
     "KindOptions",
     "LeaseLostError",
+    "OperationError",
     "PayloadTooLargeError",
+    "QueueState",
     "RegistryError",
+    "Snooze",
     "SqlaJobsError",
     "StepError",
     "UnknownKindError",

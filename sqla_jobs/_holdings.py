@@ -16,7 +16,7 @@ import asyncio
 import collections
 import logging
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._outcome import Outcome
@@ -48,6 +48,8 @@ class Holdings:
         #: cannot be stopped, so the job is never given back (it is reaped once the process
         #: exits).
         self.stuck: set[int] = set()
+        #: Ids of running jobs an operator asked to cancel (their handlers were told).
+        self.cancelling: set[int] = set()
         self.buffer: collections.deque[ClaimedJob] = collections.deque()
         self.deferred: list[ClaimedJob] = []
         self.finished: list[Outcome] = []
@@ -120,16 +122,41 @@ class Holdings:
             self._count(job, -1)
         if self.stuck:
             self.stuck.discard(job.id)
+        if self.cancelling:
+            self.cancelling.discard(job.id)
         if outcome is not None:
-            if not self.finished:
-                self.finished_since = now
-            self.finished.append(outcome)
+            self.finish(outcome, now)
         if self.deferred:
             ready = [j for j in self.deferred if j.id == job.id]
             if ready:
                 # One at a time: the next claim of this job waits for this one's run.
                 self.deferred.remove(ready[0])
                 self.buffer.appendleft(ready[0])
+
+    def finish(self, outcome: Outcome, now: float) -> None:
+        """An outcome to write with the next round trip."""
+        if not self.finished:
+            self.finished_since = now
+        self.finished.append(outcome)
+
+    def cancel_unstarted(self, ids: Iterable[int]) -> list[ClaimedJob]:
+        """The buffered and deferred jobs among ``ids``, out of the holdings: cancelled before
+        they started (their outcome still has to be written under their lease)."""
+        wanted = set(ids)
+        found = [j for j in [*self.buffer, *self.deferred] if j.id in wanted]
+        if found:
+            gone = {(j.id, j.lease_token) for j in found}
+            self._keep_buffered(lambda j: (j.id, j.lease_token) not in gone)
+            self.deferred = [j for j in self.deferred if (j.id, j.lease_token) not in gone]
+            for job in found:
+                self._count(job, -1)
+        return found
+
+    def _keep_buffered(self, keep: Callable[[ClaimedJob], bool]) -> None:
+        # In place: the slots hold a reference to the deque.
+        kept = [j for j in self.buffer if keep(j)]
+        self.buffer.clear()
+        self.buffer.extend(kept)
 
     def take_buffer(self) -> list[ClaimedJob]:
         """Every buffered job, out of the buffer (to be given back)."""
@@ -179,9 +206,7 @@ class Holdings:
         if dropped:
             for job in dropped:
                 self._count(job, -1)
-            self.buffer = collections.deque(
-                j for j in self.buffer if (j.id, j.lease_token) not in held
-            )
+            self._keep_buffered(lambda j: (j.id, j.lease_token) not in held)
         deferred = [j for j in self.deferred if (j.id, j.lease_token) in held]
         for job in deferred:
             self._count(job, -1)

@@ -126,7 +126,7 @@ class Lanes:
                 else:
                     # Nothing to write (an idle worker woken by a NOTIFY): a lone claim, without
                     # the pipeline's setup and Sync, picks the job up sooner.
-                    sent = (0, [], [])
+                    sent = ([], [], [])
                     claim_cur = await self._claim(conn, first, limit)
             except psycopg.Error as exc:
                 if isinstance(exc, CONNECTION_ERRORS) or not batch:

@@ -57,6 +57,7 @@ class LeaseKeeper(threading.Thread):
         heartbeat: float,
         snapshot: Snapshot,
         on_lost: OnLost,
+        on_cancel: Callable[[list[int]], None] | None = None,
         paused: threading.Event | None = None,
     ) -> None:
         super().__init__(name=f"sqla-jobs-leases-{connector.worker}", daemon=True)
@@ -66,6 +67,7 @@ class LeaseKeeper(threading.Thread):
         self._heartbeat = heartbeat
         self._snapshot = snapshot
         self._on_lost = on_lost
+        self._on_cancel = on_cancel
         self._paused = paused or threading.Event()
         self._stop_event = threading.Event()
         self._conn: Conn | None = None
@@ -114,6 +116,10 @@ class LeaseKeeper(threading.Thread):
             self._sql.heartbeat.sql, self._sql.heartbeat.params(lease=self._lease, **params)
         ).fetchall()
         renewed = {int(r[0]) for r in rows}  # type: ignore[call-overload]
+        cancels = [int(r[0]) for r in rows if r[1]]  # type: ignore[call-overload]
+        if cancels and self._on_cancel is not None:
+            # The floor under the cancel NOTIFY (a worker whose listener was away hears it here).
+            self._on_cancel(cancels)
         missing = [h for h in held if h[0] not in renewed]
         if not missing:
             self._locked_before = set()

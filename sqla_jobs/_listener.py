@@ -48,12 +48,16 @@ class Listener(threading.Thread):
         check_interval: float = 5.0,
         check_timeout: float = 5.0,
         max_backoff: float = 5.0,
+        cancel_channel: str | None = None,
+        on_cancel: Callable[[list[int]], None] | None = None,
     ) -> None:
         super().__init__(name=f"sqla-jobs-listen-{connector.worker}", daemon=True)
         self._connector = connector
         self._channel = channel
         self._queues = frozenset(queues)
         self._on_notify = on_notify
+        self._cancel_channel = cancel_channel
+        self._on_cancel = on_cancel
         self._check_interval = check_interval
         self._check_timeout = check_timeout
         self._max_backoff = max_backoff
@@ -119,7 +123,11 @@ class Listener(threading.Thread):
         return conn
 
     def _note(self, note: psycopg.Notify) -> None:
-        if note.payload in self._queues:
+        if note.channel == self._cancel_channel:
+            if self._on_cancel is not None:
+                ids = [int(i) for i in note.payload.split(",") if i.isdigit()]
+                self._on_cancel(ids)
+        elif note.payload in self._queues:
             self._notes.append(note.payload)
 
     def _listen(self) -> float:
@@ -127,6 +135,8 @@ class Listener(threading.Thread):
         loop sees the stop) or the connection is lost (raises)."""
         conn = self._conn = self._connect()
         conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+        if self._cancel_channel is not None:
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._cancel_channel)))
         # Anything enqueued before the LISTEN (or while we were away) was announced to nobody:
         # look once. Only then are we connected: from then on, a NOTIFY finds us.
         self._on_notify(conn, [])

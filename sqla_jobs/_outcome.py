@@ -11,16 +11,19 @@ from __future__ import annotations
 
 import traceback
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from pydantic import ValidationError
 
 from ._sql import WorkerSQL
 from .backoff import DEFAULT_BACKOFF, Backoff
-from .context import ClaimedJob
+from .context import ClaimedJob, Discard, Snooze
 from .jobs import Jobs
 from .kinds import Kind, describe_errors, load_payload
 from .model import MAX_ERROR_CHARS
+
+_ONE_US = timedelta(microseconds=1)
 
 
 class HandlerTimeout(Exception):
@@ -30,23 +33,33 @@ class HandlerTimeout(Exception):
 @dataclass(eq=False)
 class Outcome:
     """How one run of ``job`` ended: completed when ``error`` is None; otherwise a failure, retried
-    with ``backoff`` unless ``dead`` (or the failure budget is spent, which the database decides)."""
+    with ``backoff`` unless ``dead`` (or the failure budget is spent, which the database decides);
+    snoozed when ``snooze_us`` is set, cancelled when ``cancelled``. ``error_class``, ``message``
+    and ``traceback`` are the attempt's entry in the job's ``errors``."""
 
     job: ClaimedJob
     error: str | None = None
     dead: bool = False
     backoff: Backoff = DEFAULT_BACKOFF
+    error_class: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    snooze_us: int | None = None
+    cancelled: bool = False
+    #: How long the handler ran (seconds).
+    runtime: float = 0.0
 
 
 def resolve(jobs: Jobs, job: ClaimedJob) -> tuple[Kind, Any] | Outcome:
     """The kind and the decoded payload of ``job``, ready to run; or, for a job that cannot run,
     its outcome (unknown kind: a failure; a payload that no longer validates: dead)."""
-    kind = jobs.get(job.kind)
+    kind = jobs.kind_named(job.kind)
     if kind is None or kind.handler is None:
         return Outcome(
             job,
             error=f"unknown kind {job.kind!r}: this worker has no handler for it "
             "(is a deploy in progress?)",
+            error_class="UnknownKind",
         )
     try:
         return kind, load_payload(kind.model, job.payload)
@@ -57,13 +70,40 @@ def resolve(jobs: Jobs, job: ClaimedJob) -> tuple[Kind, Any] | Outcome:
             + describe_errors(exc),
             dead=True,
             backoff=kind.options.backoff,
+            error_class="InvalidPayload",
         )
 
 
 def failed(job: ClaimedJob, kind: Kind, exc: BaseException) -> Outcome:
-    """The outcome of a handler that raised ``exc`` (or timed out)."""
+    """The outcome of a handler that raised ``exc``: a failure with the kind's backoff (a
+    :class:`~sqla_jobs.Discard`: dead at once; a timeout: its own message)."""
+    if isinstance(exc, Discard):
+        return Outcome(
+            job,
+            error=f"discarded: {exc.reason}",
+            dead=True,
+            error_class="Discard",
+            message=exc.reason,
+        )
     error = str(exc) if isinstance(exc, HandlerTimeout) else describe(exc)
-    return Outcome(job, error=error, backoff=kind.options.backoff)
+    return Outcome(
+        job,
+        error=error,
+        backoff=kind.options.backoff,
+        error_class=type(exc).__name__,
+        message=str(exc),
+        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+    )
+
+
+def cancelled(job: ClaimedJob, how: str) -> Outcome:
+    """The outcome of a run an operator cancelled; ``how`` says how the handler stopped."""
+    return Outcome(job, error=f"cancelled: {how}", cancelled=True)
+
+
+def snoozed(job: ClaimedJob, snooze: Snooze) -> Outcome:
+    """The outcome of a handler that snoozed its job."""
+    return Outcome(job, snooze_us=snooze.delay // _ONE_US)
 
 
 def describe(exc: BaseException) -> str:
@@ -81,5 +121,8 @@ def fail_params(sql: WorkerSQL, outcome: Outcome) -> dict[str, Any]:
         token=outcome.job.lease_token,
         error=outcome.error,
         force_dead=outcome.dead,
+        error_class=outcome.error_class,
+        message=outcome.message if outcome.message is not None else outcome.error,
+        traceback=outcome.traceback,
         **outcome.backoff.sql_params(),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 
 from ._config import WorkerConfig
@@ -31,9 +32,16 @@ def start_threads(
     wakeups: Wakeups,
     handoff: Handoff | None,
     heartbeats_paused: threading.Event | None,
+    cancel_channel: str,
+    on_cancel: Callable[[list[int]], None],
 ) -> tuple[LeaseKeeper, Reaper, Listener | None]:
     """Start the heartbeat and reaper threads, and the listener unless ``handoff`` is None
-    (poll-only mode)."""
+    (poll-only mode). ``on_cancel`` runs on the event loop with the ids of running jobs an
+    operator cancelled, heard on ``cancel_channel`` or from a heartbeat."""
+
+    def cancel_from_thread(ids: list[int]) -> None:
+        wakeups.call_soon(on_cancel, ids)
+
     leases = LeaseKeeper(
         connector=connector,
         sql=sql,
@@ -41,6 +49,7 @@ def start_threads(
         heartbeat=config.heartbeat_seconds,
         snapshot=holdings.snapshot,
         on_lost=lambda held: wakeups.call_soon(holdings.lost, held),
+        on_cancel=cancel_from_thread,
         paused=heartbeats_paused,
     )
     leases.start()
@@ -48,7 +57,14 @@ def start_threads(
     reaper.start()
     listener = None
     if handoff is not None:
-        listener = Listener(connector, channel, config.queues, handoff.on_notify)
+        listener = Listener(
+            connector,
+            channel,
+            config.queues,
+            handoff.on_notify,
+            cancel_channel=cancel_channel,
+            on_cancel=cancel_from_thread,
+        )
         listener.start()
     return leases, reaper, listener
 

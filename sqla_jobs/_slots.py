@@ -16,15 +16,15 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._holdings import Holdings
-from ._outcome import HandlerTimeout, Outcome, failed, resolve
+from ._outcome import HandlerTimeout, Outcome, cancelled, describe, failed, resolve, snoozed
 from ._prefetch import Prefetch
 from ._threads import SyncRunners
 from ._wakeups import Wakeups
-from .context import ClaimedJob, JobContext, Recorder
+from .context import ClaimedJob, JobContext, Recorder, Snooze
 from .jobs import Jobs
 from .kinds import Kind
 
@@ -32,6 +32,9 @@ log = logging.getLogger("sqla_jobs.worker")
 
 #: A slot yields to the event loop at least once per this many jobs.
 _YIELD_EVERY = 16
+#: The message of a slot task's cancellation that an operator's cancel of its job caused (any
+#: other is the shutdown's).
+_CANCEL = "sqla-jobs: job cancelled by an operator"
 
 
 class Slots:
@@ -129,13 +132,25 @@ class Slots:
                 try:
                     await self._call(kind, args, job, ctx)
                     outcome = Outcome(job)
-                except asyncio.CancelledError:
-                    raise  # at the shutdown timeout: no outcome; the job is given back
+                except asyncio.CancelledError as exc:
+                    if exc.args != (_CANCEL,):
+                        raise  # at the shutdown timeout: no outcome; the job is given back
+                    outcome = cancelled(job, "the handler was cancelled")
+                    uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+                    if uncancel is not None:
+                        uncancel()
+                except Snooze as exc:
+                    outcome = snoozed(job, exc)
                 except Exception as exc:
-                    outcome = failed(job, kind, exc)
+                    if job.id in self._holdings.cancelling:
+                        outcome = cancelled(job, f"the handler stopped: {describe(exc)}")
+                    else:
+                        outcome = failed(job, kind, exc)
         finally:
             now = time.monotonic()
             self._prefetch.observe(now - started)
+            if outcome is not None:
+                outcome.runtime = now - started
             self._holdings.end(job, outcome, now)
             wakeups = self._wakeups
             if job.concurrency_key is not None:
@@ -143,6 +158,25 @@ class Slots:
                 wakeups.undrain()
             if wakeups.stopping or self.loop_has_work():
                 wakeups.event.set()
+
+    def cancel(self, ids: Iterable[int]) -> None:
+        """An operator asked to cancel the jobs ``ids``: each one this worker runs is told
+        (``ctx.cancelled``), an async one's handler is cancelled at once; each one it holds but
+        has not started ends ``cancelled`` without running."""
+        holdings = self._holdings
+        for job_id in ids:
+            running = holdings.running.get(job_id)
+            if running is None or job_id in holdings.cancelling:
+                continue
+            job, ctx, task = running
+            holdings.cancelling.add(job_id)
+            ctx.cancelled.set()
+            kind = self._jobs.kind_named(job.kind)
+            if task is not None and kind is not None and self._is_async.get(kind.handler):
+                task.cancel(_CANCEL)
+        for job in holdings.cancel_unstarted(ids):
+            holdings.finish(cancelled(job, "cancelled before it started"), time.monotonic())
+        self._wakeups.event.set()
 
     async def _call(self, kind: Kind, args: Any, job: ClaimedJob, ctx: JobContext) -> None:
         handler = kind.handler

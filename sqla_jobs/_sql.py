@@ -54,6 +54,8 @@ class WorkerSQL:
         self.held_leases = compile_statement(statements.held_leases(), schema)
         self.notify = compile_statement(statements.notify(), schema)
         self.release = compile_statement(statements.release(), schema)
+        self.snooze = compile_statement(statements.snooze(), schema)
+        self.finish_cancelled = compile_statement(statements.finish_cancelled(), schema)
         self.reap = compile_statement(statements.reap(), schema)
         self.lock_keys = compile_statement(statements.lock_keys(), schema)
         self.claim_keyed = compile_statement(statements.claim_keyed(), schema)

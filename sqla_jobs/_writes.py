@@ -10,6 +10,7 @@ again because of its row.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -25,6 +26,72 @@ log = logging.getLogger("sqla_jobs.worker")
 Cursor = psycopg.AsyncCursor[tuple[object, ...]]
 
 
+def outcome_statement(sql: WorkerSQL, outcome: Outcome) -> tuple[str, dict[str, Any]]:
+    """The statement and parameters that write an outcome other than a completion."""
+    job = outcome.job
+    if outcome.snooze_us is not None:
+        return sql.snooze.sql, sql.snooze.params(
+            id=job.id, token=job.lease_token, delay_us=outcome.snooze_us
+        )
+    if outcome.cancelled:
+        return sql.finish_cancelled.sql, sql.finish_cancelled.params(
+            id=job.id, token=job.lease_token, error=outcome.error
+        )
+    return sql.fail.sql, fail_params(sql, outcome)
+
+
+class SuccessLog:
+    """One INFO line per completed job, with its duration, up to :data:`LINES_PER_SECOND` a
+    second; past that, one line a second says how many more completed and how long they took, so
+    a busy worker's log stays readable and cheap."""
+
+    #: Completed jobs logged one by one each second, at most.
+    LINES_PER_SECOND = 20
+
+    def __init__(self) -> None:
+        self._window = 0.0
+        self._left = self.LINES_PER_SECOND
+        self._more = 0
+        self._more_seconds = 0.0
+
+    def log(self, done: list[Outcome]) -> None:
+        if not log.isEnabledFor(logging.INFO):
+            return
+        now = time.monotonic()
+        if now - self._window >= 1.0:
+            self._flush()
+            self._window, self._left = now, self.LINES_PER_SECOND
+        for outcome in done[: self._left]:
+            job = outcome.job
+            log.info(
+                "job %s (%s) completed in %.1f ms",
+                job.id,
+                job.kind,
+                outcome.runtime * 1000,
+                extra={
+                    "event": "completed",
+                    "job_id": job.id,
+                    "kind": job.kind,
+                    "duration_ms": round(outcome.runtime * 1000, 3),
+                },
+            )
+        if len(done) > self._left:
+            rest = done[self._left :]
+            self._more += len(rest)
+            self._more_seconds += sum(o.runtime for o in rest)
+        self._left = max(0, self._left - len(done))
+
+    def _flush(self) -> None:
+        if self._more:
+            log.info(
+                "and %d more jobs completed in the last second (%.2f ms each on average)",
+                self._more,
+                self._more_seconds / self._more * 1000,
+                extra={"event": "completed_more", "jobs": self._more},
+            )
+        self._more, self._more_seconds = 0, 0.0
+
+
 class OutcomeWriter:
     """Sends and reads the outcome writes of one worker; counts them in ``counts``."""
 
@@ -32,42 +99,47 @@ class OutcomeWriter:
         self._sql = sql
         self._complete = sql.complete_into_history if keep_history else sql.complete
         self._counts = counts
+        self._successes = SuccessLog()
 
     async def send(
         self, conn: AsyncConn, batch: list[Outcome]
-    ) -> tuple[int, list[Cursor], list[tuple[Outcome, Cursor]]]:
+    ) -> tuple[list[Outcome], list[Cursor], list[tuple[Outcome, Cursor]]]:
         """Send ``batch``'s writes (in a pipeline nothing is read until it ends); returns what
         :meth:`read` needs."""
         # One completion per claim (usually one or two in a batch): each is exact on its token.
         claims: dict[uuid.UUID, list[int]] = {}
-        sent = 0
+        others = []
         for o in batch:
-            if o.error is None:
+            if o.error is None and o.snooze_us is None:
                 claims.setdefault(o.job.lease_token, []).append(o.job.id)
-                sent += 1
+            else:
+                others.append(o)
         complete = self._complete
         done_curs = [
             await conn.execute(complete.sql, complete.params(ids=pg_array(ids), token=token))
             for token, ids in claims.items()
         ]
-        fail_curs = [
-            (o, await conn.execute(self._sql.fail.sql, fail_params(self._sql, o)))
-            for o in batch
-            if o.error is not None
-        ]
-        return sent, done_curs, fail_curs
+        other_curs = [(o, await conn.execute(*outcome_statement(self._sql, o))) for o in others]
+        done = [o for o in batch if o.error is None and o.snooze_us is None]
+        return done, done_curs, other_curs
 
     async def read(
-        self, sent: int, done_curs: list[Cursor], fail_curs: list[tuple[Outcome, Cursor]]
+        self, done: list[Outcome], done_curs: list[Cursor], fail_curs: list[tuple[Outcome, Cursor]]
     ) -> None:
         """Count and log what :meth:`send` wrote."""
         if done_curs:
             written = 0
             for cur in done_curs:
                 written += len(await cur.fetchall())
-            self._count_done(sent, written)
+            self._count_done(len(done), written)
+            if written == len(done):
+                self._successes.log(done)
         for outcome, cur in fail_curs:
-            self._log_failure(outcome, await cur.fetchone())
+            row = await cur.fetchone()
+            if outcome.snooze_us is not None or outcome.cancelled:
+                self._log_other(outcome, row)
+            else:
+                self._log_failure(outcome, row)
 
     async def isolate(self, conn: AsyncConn, batch: list[Outcome]) -> list[Outcome]:
         """Write each outcome of ``batch`` on its own (after the batch as a whole failed). Returns
@@ -89,9 +161,9 @@ class OutcomeWriter:
             raise
         except psycopg.Error as exc:
             error = exc
-        if outcome.error is not None:
+        if outcome.error is not None or outcome.snooze_us is not None:
             log.error(
-                "job %s (%s): its failure could not be recorded (%s: %s); its lease will expire "
+                "job %s (%s): its outcome could not be recorded (%s: %s); its lease will expire "
                 "and it will run again",
                 job.id,
                 job.kind,
@@ -132,6 +204,34 @@ class OutcomeWriter:
             str(error).splitlines()[0],
             extra={"event": "kept_completed", "job_id": job.id, "kind": job.kind},
         )
+
+    def _log_other(self, outcome: Outcome, row: Any) -> None:
+        job = outcome.job
+        if row is None:
+            log.warning(
+                "job %s: lease lost before its outcome was recorded",
+                job.id,
+                extra={"event": "lease_lost", "job_id": job.id},
+            )
+        elif outcome.cancelled:
+            self._counts["cancelled"] += 1
+            log.info(
+                "job %s (%s) %s",
+                job.id,
+                job.kind,
+                outcome.error,
+                extra={"event": "cancelled", "job_id": job.id, "kind": job.kind},
+            )
+        else:
+            self._counts["snoozed"] += 1
+            log.info(
+                "job %s (%s) snoozed: %s at %s",
+                job.id,
+                job.kind,
+                row[0],
+                row[1],
+                extra={"event": "snoozed", "job_id": job.id, "kind": job.kind},
+            )
 
     def _count_done(self, sent: int, written: int) -> None:
         self._counts["done"] += written

@@ -15,10 +15,10 @@ import typing
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, NamedTuple, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
-from .errors import LeaseLostError, StepError
+from .errors import JobCancelledError, LeaseLostError, StepError
 
 
 class ClaimedJob(NamedTuple):
@@ -44,6 +44,31 @@ class ClaimedJob(NamedTuple):
 
 
 _LAZY_LOCK = threading.Lock()
+
+
+class Snooze(Exception):
+    """Raised by a handler (or :meth:`JobContext.snooze`): run the job again after ``delay``.
+
+    The job goes back to ``pending`` at the database's ``now() + delay``; the run counts neither
+    as a failure nor as a crash (its attempt is undone).
+    """
+
+    def __init__(self, delay: timedelta | float) -> None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else float(delay)
+        if not seconds >= 0:
+            raise ValueError(f"a snooze needs a delay >= 0, got {delay!r}")
+        super().__init__(f"snoozed for {seconds:g}s")
+        self.delay = timedelta(seconds=seconds)
+
+
+class Discard(Exception):
+    """Raised by a handler: the job is ``dead`` at once, with ``reason`` in ``last_error``,
+    without spending its retries on an error that cannot heal."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
 
 #: Records a durable step: (job id, lease token, step name, JSON text) -> lease still held?
 Recorder = Callable[[int, uuid.UUID, str, str], bool]
@@ -73,6 +98,7 @@ class JobContext:
     created_at: datetime
     worker: str
     _lease_lost: threading.Event | None = field(default=None, init=False, repr=False)
+    _cancelled: threading.Event | None = field(default=None, init=False, repr=False)
     #: Results of the durable steps recorded by earlier runs of this job, by name (JSON form).
     steps: dict[str, Any] = field(default_factory=dict)
     lease_token: uuid.UUID | None = field(default=None, repr=False)
@@ -101,6 +127,24 @@ class JobContext:
                     self._lease_lost = threading.Event()
                 event = self._lease_lost
         return event
+
+    @property
+    def cancelled(self) -> threading.Event:
+        """Set when an operator asked to cancel this job (``Jobs.cancel``). An ``async`` handler
+        is cancelled at once; a sync handler should check this and stop (raising anything, or
+        :class:`~sqla_jobs.JobCancelledError`): the run then ends ``cancelled``, never retried. A
+        handler that returns normally anyway completes. :meth:`step` refuses to start a step."""
+        event = self._cancelled
+        if event is None:
+            with _LAZY_LOCK:
+                if self._cancelled is None:
+                    self._cancelled = threading.Event()
+                event = self._cancelled
+        return event
+
+    def snooze(self, delay: timedelta | float) -> NoReturn:
+        """Stop this run and run the job again after ``delay`` (see :class:`Snooze`)."""
+        raise Snooze(delay)
 
     @classmethod
     def for_job(
@@ -140,6 +184,7 @@ class JobContext:
         """
         if name in self.steps:
             return typing.cast(T, self.steps[name])
+        self._refuse_if_cancelled(name)
         result = fn(*args, **kwargs)
         self._record(name, result)
         return result
@@ -149,11 +194,16 @@ class JobContext:
         from a thread so the event loop is not blocked."""
         if name in self.steps:
             return self.steps[name]
+        self._refuse_if_cancelled(name)
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             result = await result
         await asyncio.to_thread(self._record, name, result)
         return result
+
+    def _refuse_if_cancelled(self, name: str) -> None:
+        if self._cancelled is not None and self._cancelled.is_set():
+            raise JobCancelledError(f"job {self.job_id} was cancelled: step {name!r} not started")
 
     def _record(self, name: str, result: Any) -> None:
         if not isinstance(name, str) or not name:

@@ -88,3 +88,30 @@ class NotMigratedError(SqlaJobsError):
         super().__init__(f"{problem}; {fix}")
         self.problem = problem
         self.fix = fix
+
+
+class JobCancelledError(SqlaJobsError):
+    """The job was cancelled by an operator while it ran: raised by ``ctx.step`` instead of
+    starting a new step; a sync handler may raise it too when it sees ``ctx.cancelled``."""
+
+
+class OperationError(SqlaJobsError):
+    """Base class of the errors of the operations (retry, cancel, pause): raised before anything
+    changed, so the caller's transaction is as it was and stays usable."""
+
+
+class JobNotFoundError(OperationError):
+    """No job has one of the ids given; ``ids`` lists them."""
+
+    def __init__(self, message: str, ids: list[int]) -> None:
+        super().__init__(message)
+        self.ids = ids
+
+
+class JobStateError(OperationError):
+    """A job is in a state the operation does not apply to (retrying a running job, cancelling
+    a dead one); ``states`` maps each such id to its state."""
+
+    def __init__(self, message: str, states: dict[int, str]) -> None:
+        super().__init__(message)
+        self.states = states

@@ -11,9 +11,10 @@ from sqlalchemy.orm import Session
 
 from . import enqueue as _enqueue
 from . import validate as _validate
+from ._jobs_ops import Operations
 from .errors import ConfigurationError
 from .kinds import H, Handler, Kind, Registry, check_name
-from .model import Job, notify_channel
+from .model import Job, cancel_channel, notify_channel
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 
 
-class Jobs(Registry):
+class Jobs(Operations, Registry):
     """The job kinds of an application, and the enqueue calls that ride the caller's transaction.
 
     ``schema`` names the schema that holds the queue table (default: the connection's
@@ -44,6 +45,8 @@ class Jobs(Registry):
         self.max_payload_bytes = max_payload_bytes
         #: The LISTEN/NOTIFY channel workers of this schema listen on.
         self.channel = notify_channel(schema)
+        #: The channel that tells them which running jobs were cancelled.
+        self.cancel_channel = cancel_channel(schema)
 
     # -- registration (see Registry.register / Registry.kind) ---------------------------------
 

@@ -193,7 +193,7 @@ class Registry:
                 "jobs.register(kind, model) before enqueueing"
             ) from None
 
-    def get(self, name: str) -> Kind | None:
+    def kind_named(self, name: str) -> Kind | None:
         """The kind registered as ``name``, or None."""
         return self._by_name.get(name)
 

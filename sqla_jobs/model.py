@@ -34,6 +34,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 PREFIX = "sqla_jobs"
 JOB_TABLE = f"{PREFIX}_job"
 HISTORY_TABLE = f"{PREFIX}_history"
+QUEUE_TABLE = f"{PREFIX}_queue"
 #: Longest ``last_error`` kept; a stack-trace storm must not bloat the hot table.
 MAX_ERROR_CHARS = 500
 
@@ -61,6 +62,13 @@ class JobState(str, enum.Enum):
     #: The handler succeeded but the row could not be deleted (a foreign key of the application's
     #: points at it): kept, terminal, never claimed again. ``last_error`` says why it was kept.
     COMPLETED = "completed"
+    #: Cancelled by an operator (``Jobs.cancel``): never runs (again), never retried on its own.
+    CANCELLED = "cancelled"
+
+
+#: The states a job stays in once it got there, until an operator retries it or retention
+#: removes it: outside every claim index, ``finished_at`` set.
+TERMINAL_STATES = (JobState.COMPLETED.value, JobState.DEAD.value, JobState.CANCELLED.value)
 
 
 STATES = tuple(s.value for s in JobState)
@@ -108,6 +116,17 @@ class Job(Base):
     steps: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
     #: Runs stopped at a worker's shutdown and given back (neither a failure nor a crash).
     interruptions: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    #: When an operator asked to cancel the job while it ran (``Jobs.cancel``): the worker that
+    #: holds it is told, and no retry, reap or give-back puts it back in the queue.
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: When the job reached a terminal state (dead, cancelled, completed-but-kept): retention
+    #: counts from here.
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: Tags and context: set at enqueue (``meta=``) or by an enqueue hook; never read by a claim.
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    #: One entry per failed attempt or crash, oldest first, the last 25 kept: attempt, at,
+    #: error (class), message, traceback (capped).
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
 
     __table_args__ = (
         CheckConstraint(f"state IN ({', '.join(repr(s) for s in STATES)})", name="state"),
@@ -152,6 +171,13 @@ class Job(Base):
             "concurrency_key",
             postgresql_where=text("state = 'running'"),
         ),
+        # Serves retention and the operator's listings of finished jobs: terminal rows only.
+        Index(
+            f"{JOB_TABLE}_finished_idx",
+            "state",
+            "finished_at",
+            postgresql_where=text("state IN ('completed', 'dead', 'cancelled')"),
+        ),
     )
 
 
@@ -171,6 +197,30 @@ class JobHistory(Base):
     finished_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
+    #: How the job ended; only ``completed`` today (dead and cancelled jobs stay in the job table
+    #: until retention removes them).
+    outcome: Mapped[str] = mapped_column(Text, server_default=text("'completed'"))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    steps: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+    meta: Mapped[dict[str, Any] | None] = mapped_column(JSONB)
+
+    __table_args__ = (
+        # Serves retention: the oldest rows first, in bounded batches.
+        Index(f"{HISTORY_TABLE}_finished_idx", "finished_at"),
+    )
+
+
+class QueueState(Base):
+    """What an operator set on a queue: paused or not. A queue without a row is active; the
+    claim reads this table, so a pause holds for every worker, including ones started later."""
+
+    __tablename__ = QUEUE_TABLE
+
+    queue: Mapped[str] = mapped_column(Text, primary_key=True)
+    #: Set while the queue is paused: no worker claims from it (enqueue still works).
+    paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
 
 #: Storage parameters of the queue table. The default autovacuum_vacuum_scale_factor (0.2) waits
@@ -204,3 +254,8 @@ event.listen(
 def notify_channel(schema: str | None) -> str:
     """The LISTEN/NOTIFY channel of the queue table in ``schema``."""
     return PREFIX if schema is None else f"{PREFIX}.{schema}"
+
+
+def cancel_channel(schema: str | None) -> str:
+    """The channel that tells workers which running jobs an operator cancelled (job ids)."""
+    return f"{notify_channel(schema)}.cancel"

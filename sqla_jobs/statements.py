@@ -45,11 +45,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, UUID
 from sqlalchemy.dialects.postgresql import dialect as _pg_dialect
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import BindParameter, TextClause
 
 from . import _row
-from .model import MAX_ERROR_CHARS, Job, JobHistory
+from .model import MAX_ERROR_CHARS, Job, JobHistory, QueueState
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -63,11 +64,17 @@ if TYPE_CHECKING:
 _PG = _pg_dialect()  # type: ignore[no-untyped-call]
 job = typing.cast(Table, Job.__table__)
 history = typing.cast(Table, JobHistory.__table__)
+queue_state = typing.cast(Table, QueueState.__table__)
 
 PENDING: ColumnElement[str] = literal_column("'pending'")
 RUNNING: ColumnElement[str] = literal_column("'running'")
 DEAD: ColumnElement[str] = literal_column("'dead'")
 COMPLETED: ColumnElement[str] = literal_column("'completed'")
+CANCELLED: ColumnElement[str] = literal_column("'cancelled'")
+#: The most per-attempt error entries a job keeps (the oldest go first), and the most characters
+#: of a traceback in one.
+MAX_ERRORS = 25
+MAX_TRACEBACK_CHARS = 4000
 ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
 ONE_MICROSECOND: ColumnElement[Any] = literal_column("interval '1 microsecond'")
 
@@ -300,6 +307,7 @@ def claim() -> Select[Any]:
             # A filter on the same index scan: stepping over the few crashed rows at the head of
             # the line costs nothing and needs no index of its own.
             _crash_rule(),
+            _not_paused(),
         )
         .order_by(job.c.priority, job.c.run_at, job.c.id)
         .limit(bindparam("limit", type_=BigInteger))
@@ -308,6 +316,17 @@ def claim() -> Select[Any]:
     return _mark_claimed(
         update(job).where(job.c.id == func.any(func.array(picked.scalar_subquery())))
     )
+
+
+def _not_paused() -> ColumnElement[bool]:
+    # The queue is not paused: uncorrelated with the job rows, so PostgreSQL runs it once per
+    # claim (an InitPlan, one primary-key probe of a tiny table) and a paused queue's claim reads
+    # no job at all. A pause therefore holds from the next claim of every worker on.
+    paused: Select[Any] = select(literal_column("1")).where(
+        queue_state.c.queue == bindparam("queue", type_=Text),
+        queue_state.c.paused_at.is_not(None),
+    )
+    return ~paused.exists()
 
 
 def _crash_rule() -> ColumnElement[bool]:
@@ -369,6 +388,7 @@ def _due_keyed(key: ColumnElement[bool]) -> tuple[ColumnElement[bool], ...]:
         key,
         job.c.queue == bindparam("queue", type_=Text),
         job.c.run_at <= func.now(),
+        _not_paused(),
     )
 
 
@@ -507,6 +527,7 @@ def keep_completed() -> AnyUpdate:
         .where(job.c.lease_token == bindparam("token", type_=UUID(as_uuid=True)))
         .values(
             state=COMPLETED,
+            finished_at=func.now(),
             last_error=func.left(bindparam("error", type_=Text), MAX_ERROR_CHARS),
             lease_token=null(),
             lease_expires_at=null(),
@@ -532,7 +553,19 @@ def complete_into_history() -> AnyInsert:
     )
 
 
-_HISTORY_COLUMNS = ("id", "queue", "kind", "payload", "attempts", "crashes", "created_at")
+_HISTORY_COLUMNS = (
+    "id",
+    "queue",
+    "kind",
+    "payload",
+    "attempts",
+    "crashes",
+    "created_at",
+    "last_error",
+    "errors",
+    "steps",
+    "meta",
+)
 
 
 def fail() -> AnyUpdate:
@@ -542,11 +575,14 @@ def fail() -> AnyUpdate:
     spent (``attempts - crashes >= max_attempts``); otherwise back to ``pending`` with ``run_at`` pushed
     out by the database: ``least(power(base, failures), cap)`` seconds, times ``1 + jitter * random()``.
     ``exp_cap`` bounds the exponent so ``power()`` cannot overflow. ``last_error`` is truncated to 500
-    characters. Fenced on the lease token; returns state, run_at, attempts, crashes (no row: the lease
-    was lost). Locks the row; served by the primary key.
+    characters, and the attempt's entry (``error_class``, ``message``, ``traceback``) appended to
+    ``errors``. A job whose cancel was requested is ``cancelled`` instead: never retried. Fenced on
+    the lease token; returns state, run_at, attempts, crashes (no row: the lease was lost). Locks
+    the row; served by the primary key.
     """
     failures = job.c.attempts - job.c.crashes
     is_dead = or_(bindparam("force_dead", type_=Boolean), failures >= job.c.max_attempts)
+    cancelled = job.c.cancel_requested_at.is_not(None)
     delay_seconds = func.least(
         func.power(
             bindparam("base", type_=Float),
@@ -559,9 +595,18 @@ def fail() -> AnyUpdate:
         .where(job.c.id == bindparam("id", type_=BigInteger))
         .where(job.c.lease_token == bindparam("token", type_=UUID(as_uuid=True)))
         .values(
-            state=case((is_dead, DEAD), else_=PENDING),
-            run_at=case((is_dead, job.c.run_at), else_=func.now() + delay_seconds * ONE_SECOND),
+            state=case((cancelled, CANCELLED), (is_dead, DEAD), else_=PENDING),
+            run_at=case(
+                (or_(cancelled, is_dead), job.c.run_at),
+                else_=func.now() + delay_seconds * ONE_SECOND,
+            ),
+            finished_at=case((or_(cancelled, is_dead), func.now()), else_=null()),
             last_error=func.left(bindparam("error", type_=Text), MAX_ERROR_CHARS),
+            errors=_append_error(
+                bindparam("error_class", type_=Text),
+                bindparam("message", type_=Text),
+                bindparam("traceback", type_=Text),
+            ),
             lease_token=null(),
             lease_expires_at=null(),
             locked_by=null(),
@@ -570,9 +615,33 @@ def fail() -> AnyUpdate:
     )
 
 
+def _append_error(
+    error_class: ColumnElement[Any], message: ColumnElement[Any], trace: ColumnElement[Any]
+) -> ColumnElement[Any]:
+    # One entry per attempt, the last MAX_ERRORS kept: jsonb's `- 0` drops the oldest.
+    entry = func.jsonb_build_array(
+        func.jsonb_build_object(
+            literal_column("'attempt'"),
+            job.c.attempts,
+            literal_column("'at'"),
+            func.now(),
+            literal_column("'error'"),
+            error_class,
+            literal_column("'message'"),
+            func.left(message, MAX_ERROR_CHARS),
+            literal_column("'traceback'"),
+            func.left(trace, MAX_TRACEBACK_CHARS),
+        )
+    )
+    appended = func.coalesce(job.c.errors, cast(literal_column("'[]'"), JSONB)).op("||")(entry)
+    full = func.coalesce(func.jsonb_array_length(job.c.errors), 0) >= MAX_ERRORS
+    return case((full, appended.op("-")(literal_column("0"))), else_=appended)
+
+
 def heartbeat() -> AnyUpdate:
     """Extend the leases of the (``ids``, ``tokens``) pairs still held to ``now() + lease``;
-    returns the ids whose lease was extended.
+    returns the ids whose lease was extended, and whether an operator asked to cancel each (the
+    floor under the cancel NOTIFY).
 
     Never waits for a row lock: a row someone else has locked (an operator's ``SELECT ... FOR
     UPDATE``, the application's own ``with_for_update()``) is skipped, so it delays at most its
@@ -591,7 +660,7 @@ def heartbeat() -> AnyUpdate:
         update(job)
         .where(job.c.id == mine.c.id)
         .values(lease_expires_at=func.now() + bindparam("lease", type_=Interval))
-        .returning(job.c.id)
+        .returning(job.c.id, job.c.cancel_requested_at.is_not(None))
     )
 
 
@@ -608,16 +677,19 @@ def release() -> AnyUpdate:
 
     Back to ``pending`` at their old place in line, lease cleared, and the claim's attempt undone:
     a release is neither a failure nor a crash. With ``interrupted`` (the handlers had started)
-    ``interruptions`` counts it, so the next run knows it is a re-run. Fenced on the (``ids``,
-    ``tokens``) pairs; returns the released ids.
+    ``interruptions`` counts it, so the next run knows it is a re-run. A job whose cancel was
+    requested is ``cancelled`` instead. Fenced on the (``ids``, ``tokens``) pairs; returns the
+    released ids.
     """
     held = _held()
     interrupted = bindparam("interrupted", False, type_=Boolean)
+    cancelled = job.c.cancel_requested_at.is_not(None)
     return (
         update(job)
         .where(_fenced(held))
         .values(
-            state=PENDING,
+            state=case((cancelled, CANCELLED), else_=PENDING),
+            finished_at=case((cancelled, func.now()), else_=null()),
             attempts=func.greatest(job.c.attempts - 1, 0),
             interruptions=job.c.interruptions + case((interrupted, 1), else_=0),
             lease_token=null(),
@@ -628,9 +700,58 @@ def release() -> AnyUpdate:
     )
 
 
+def _one_held() -> ColumnElement[bool]:
+    return and_(
+        job.c.id == bindparam("id", type_=BigInteger),
+        job.c.lease_token == bindparam("token", type_=UUID(as_uuid=True)),
+    )
+
+
+def snooze() -> AnyUpdate:
+    """A handler snoozed job ``id`` (lease ``token``): back to ``pending`` at ``now()`` plus
+    ``delay_us`` microseconds (the database clock), the claim's attempt undone: neither a failure
+    nor a crash. A job whose cancel was requested is ``cancelled`` instead. Returns state and
+    run_at (no row: the lease was lost). Served by the primary key."""
+    cancelled = job.c.cancel_requested_at.is_not(None)
+    return (
+        update(job)
+        .where(_one_held())
+        .values(
+            state=case((cancelled, CANCELLED), else_=PENDING),
+            run_at=func.now() + bindparam("delay_us", type_=BigInteger) * ONE_MICROSECOND,
+            finished_at=case((cancelled, func.now()), else_=null()),
+            attempts=func.greatest(job.c.attempts - 1, 0),
+            lease_token=null(),
+            lease_expires_at=null(),
+            locked_by=null(),
+        )
+        .returning(job.c.state, job.c.run_at)
+    )
+
+
+def finish_cancelled() -> AnyUpdate:
+    """Job ``id`` (lease ``token``) ended because an operator cancelled it: ``cancelled``, its
+    ``error`` (how the handler stopped) in ``last_error``; terminal, never retried on its own.
+    Returns the id (no row: the lease was lost). Served by the primary key."""
+    return (
+        update(job)
+        .where(_one_held())
+        .values(
+            state=CANCELLED,
+            finished_at=func.now(),
+            last_error=func.left(bindparam("error", type_=Text), MAX_ERROR_CHARS),
+            lease_token=null(),
+            lease_expires_at=null(),
+            locked_by=null(),
+        )
+        .returning(job.c.id)
+    )
+
+
 def reap() -> AnyUpdate:
     """Return up to ``limit`` jobs whose lease expired to ``pending``, or ``dead`` once their crash
-    budget (``max_crashes``) is spent; counts the crash, not a handler failure.
+    budget (``max_crashes``) is spent, or ``cancelled`` if its cancel was requested; counts the
+    crash (and an entry in ``errors``), not a handler failure.
 
     Safe with several reapers at once: the selection skips rows another reaper (or a heartbeat)
     holds. Served by ``sqla_jobs_job_running_idx`` (running rows only). Returns id, kind, state,
@@ -646,19 +767,18 @@ def reap() -> AnyUpdate:
         .prefix_with("MATERIALIZED")
     )
     spent = job.c.crashes + 1 >= job.c.max_crashes
+    cancelled = job.c.cancel_requested_at.is_not(None)
+    message = "worker " + func.coalesce(job.c.locked_by, "?") + " stopped heartbeating"
     return (
         update(job)
         .where(job.c.id == expired.c.id)
         .values(
-            state=case((spent, DEAD), else_=PENDING),
+            state=case((cancelled, CANCELLED), (spent, DEAD), else_=PENDING),
             crashes=job.c.crashes + 1,
             run_at=func.now(),
-            last_error=func.left(
-                "lease expired: worker "
-                + func.coalesce(job.c.locked_by, "?")
-                + " stopped heartbeating",
-                MAX_ERROR_CHARS,
-            ),
+            finished_at=case((or_(cancelled, spent), func.now()), else_=null()),
+            last_error=func.left("lease expired: " + message, MAX_ERROR_CHARS),
+            errors=_append_error(literal_column("'LeaseExpired'"), message, null()),
             lease_token=null(),
             lease_expires_at=null(),
             locked_by=null(),
@@ -742,3 +862,103 @@ def find_job_tables() -> Select[tuple[object, ...]]:
             "ORDER BY wanted DESC, n.nspname"
         )
     )
+
+
+# -- operations: what an operator does to jobs and queues (sqla_jobs._ops) --------------------------
+
+
+def lock_jobs() -> Select[Any]:
+    """The jobs ``ids`` that exist, with state, queue and whether a cancel was requested, locked
+    (``FOR UPDATE``) so that an operation sees and changes them as one: a worker's completion of
+    one of them waits for the operator's transaction, and the other way round. Primary key."""
+    return (
+        select(job.c.id, job.c.state, job.c.queue, job.c.cancel_requested_at.is_not(None))
+        .where(job.c.id == func.any(_ids()))
+        .order_by(job.c.id)
+        .with_for_update()
+    )
+
+
+def find_jobs() -> Select[Any]:
+    """Up to ``limit`` jobs in one of ``states`` (a text array), of ``queue`` and ``kind`` when
+    given (NULL: any), oldest id first, locked as :func:`lock_jobs` locks them. For an operation
+    by filter (``retry --all-dead``, ``cancel --queue``). Served by the claim, running and
+    finished indexes' leading columns or a scan: operations are rare."""
+    kind = bindparam("kind", type_=Text)
+    queue = bindparam("queue", type_=Text)
+    return (
+        select(job.c.id, job.c.state, job.c.queue, job.c.cancel_requested_at.is_not(None))
+        .where(
+            job.c.state == func.any(bindparam("states", type_=ARRAY(Text))),
+            or_(queue.is_(None), job.c.queue == queue),
+            or_(kind.is_(None), job.c.kind == kind),
+        )
+        .order_by(job.c.id)
+        .limit(bindparam("limit", type_=BigInteger))
+        .with_for_update()
+    )
+
+
+def retry_jobs() -> AnyUpdate:
+    """Run the dead, cancelled or pending jobs ``ids`` as soon as possible: ``pending`` at
+    ``now()`` with both budgets whole again (``attempts``, ``crashes`` and ``interruptions`` at
+    0), the cancel request and ``finished_at`` cleared; ``errors`` and ``last_error`` are kept, for
+    the record. Running and completed jobs are left alone. Returns the ids and their queues."""
+    return (
+        update(job)
+        .where(
+            job.c.id == func.any(_ids()),
+            job.c.state.in_([PENDING, DEAD, CANCELLED]),
+        )
+        .values(
+            state=PENDING,
+            run_at=func.now(),
+            attempts=0,
+            crashes=0,
+            interruptions=0,
+            cancel_requested_at=null(),
+            finished_at=null(),
+        )
+        .returning(job.c.id, job.c.queue)
+    )
+
+
+def cancel_pending() -> AnyUpdate:
+    """Cancel the pending jobs ``ids``: ``cancelled``, never to run. Returns their ids."""
+    return (
+        update(job)
+        .where(job.c.id == func.any(_ids()), job.c.state == PENDING)
+        .values(state=CANCELLED, finished_at=func.now())
+        .returning(job.c.id)
+    )
+
+
+def request_cancel() -> AnyUpdate:
+    """Ask the worker running each of the jobs ``ids`` to cancel it (stored, so that a worker that
+    dies meanwhile cannot put it back in the queue: the reaper makes it ``cancelled``). Running
+    jobs only; the first request's time is kept. Returns their ids."""
+    return (
+        update(job)
+        .where(job.c.id == func.any(_ids()), job.c.state == RUNNING)
+        .values(cancel_requested_at=func.coalesce(job.c.cancel_requested_at, func.now()))
+        .returning(job.c.id)
+    )
+
+
+def set_queue_paused() -> AnyInsert:
+    """Pause (``paused`` true) or resume queue ``queue``: one row per queue an operator touched,
+    upserted; a pause keeps its first time. Returns whether it is paused now and since when."""
+    paused = bindparam("paused", type_=Boolean)
+    stmt = pg_insert(queue_state).values(
+        queue=bindparam("queue", type_=Text),
+        paused_at=case((paused, func.now()), else_=null()),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[queue_state.c.queue],
+        set_={
+            "paused_at": case(
+                (paused, func.coalesce(queue_state.c.paused_at, func.now())), else_=null()
+            ),
+            "updated_at": func.now(),
+        },
+    ).returning(queue_state.c.paused_at)

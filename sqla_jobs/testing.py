@@ -18,19 +18,19 @@ from __future__ import annotations
 import asyncio
 import inspect
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import select
+from sqlalchemy import Connection, select
 from sqlalchemy.orm import Session
 
 from ._config import WorkerSeams
-from ._outcome import Outcome, fail_params, failed, resolve
+from ._outcome import Outcome, failed, resolve, snoozed
 from ._sql import Compiled, WorkerSQL
-from .context import ClaimedJob, JobContext, Recorder
+from ._writes import outcome_statement
+from .context import ClaimedJob, JobContext, Recorder, Snooze
 from .jobs import Jobs
 from .model import Job, JobState
 
@@ -68,6 +68,7 @@ class RunResult:
     done: int = 0
     failed: int = 0
     dead: int = 0
+    snoozed: int = 0
     errors: list[BaseException] = field(default_factory=list)
 
 
@@ -113,7 +114,7 @@ def run_jobs(
                 sql.claim_keyed, queue=queue, keys=keys, limit=limit, lease=lease, worker="testing"
             ).all()
         for row in rows:
-            error = _run_one(jobs, ClaimedJob(*row), record, execute, sql, result)
+            error = _run_one(jobs, ClaimedJob(*row), record, conn, sql, result)
             if error is not None:
                 result.errors.append(error)
                 if raise_errors:
@@ -125,7 +126,7 @@ def _run_one(
     jobs: Jobs,
     job: ClaimedJob,
     record: Recorder,
-    execute: Callable[..., Any],
+    conn: Connection,
     sql: WorkerSQL,
     result: RunResult,
 ) -> BaseException | None:
@@ -143,14 +144,21 @@ def _run_one(
             if inspect.isawaitable(value):
                 asyncio.run(_await(value))
             outcome = Outcome(job)
+        except Snooze as exc:
+            outcome = snoozed(job, exc)
         except Exception as exc:
             outcome, error = failed(job, kind, exc), exc
-    if outcome.error is None:
-        execute(sql.complete, ids=[job.id], token=job.lease_token)
+    if outcome.error is None and outcome.snooze_us is None:
+        conn.exec_driver_sql(
+            sql.complete.sql, sql.complete.params(ids=[job.id], token=job.lease_token)
+        )
         result.done += 1
         return None
-    state = execute(sql.fail, **fail_params(sql, outcome)).first()
-    if state is not None and state[0] == JobState.DEAD.value:
+    statement, params = outcome_statement(sql, outcome)
+    state = conn.exec_driver_sql(statement, params).first()
+    if outcome.snooze_us is not None:
+        result.snoozed += 1
+    elif state is not None and state[0] == JobState.DEAD.value:
         result.dead += 1
     else:
         result.failed += 1

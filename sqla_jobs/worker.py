@@ -139,7 +139,9 @@ class Worker:
         self.holdings = Holdings()
         self.prefetch = Prefetch(concurrency, prefetch, batch_size)
         #: Counters for tests, benchmarks and the final log line.
-        self.counts = {"claimed": 0, "done": 0, "failed": 0, "dead": 0, "released": 0}
+        self.counts = dict.fromkeys(
+            ("claimed", "done", "failed", "dead", "released", "snoozed", "cancelled"), 0
+        )
         self.started = threading.Event()
         self.leases: LeaseKeeper | None = None
         self.reaper: Reaper | None = None
@@ -284,6 +286,8 @@ class Worker:
             wakeups=self.wakeups,
             handoff=self.handoff,
             heartbeats_paused=self._seams.heartbeats_paused,
+            cancel_channel=self.jobs.cancel_channel,
+            on_cancel=self._slots.cancel,
         )
 
     def _on_signal(self, sig: int) -> None:

@@ -251,6 +251,9 @@ def test_a_stale_worker_can_no_longer_write_once_its_job_is_reclaimed(conn: Conn
             token=old["lease_token"],
             error="stale",
             force_dead=True,
+            error_class="RuntimeError",
+            message="stale",
+            traceback=None,
             **Backoff().sql_params(),
         ),
         "record_step": SQL.record_step.params(
@@ -348,6 +351,9 @@ def test_a_failure_after_a_crash_backs_off_as_the_first_failure(conn: Conn) -> N
             token=claimed["lease_token"],
             error="boom",
             force_dead=False,
+            error_class="RuntimeError",
+            message="boom",
+            traceback=None,
             **backoff.sql_params(),
         ),
     ).fetchall()

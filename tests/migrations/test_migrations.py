@@ -53,7 +53,7 @@ MODEL_COPY = "model_copy"
 #: Nothing listens here: a command that tried to connect would fail.
 UNREACHABLE_URL = "postgresql://nobody@127.0.0.1:1/nowhere"
 #: The newest shipped revision.
-HEAD = "sqla_jobs_0003"
+HEAD = "sqla_jobs_0004"
 
 
 @pytest.fixture
@@ -99,6 +99,7 @@ def test_upgrade_head_creates_tables_partial_indexes_checks_and_storage_paramete
     assert {name for name, kind in found["relations"] if kind == "r"} == {
         "sqla_jobs_job",
         "sqla_jobs_history",
+        "sqla_jobs_queue",
     }
     indexes = {name: definition for _, name, definition in found["indexes"]}
     # Partial: the claim index holds only pending rows, the running index only running ones.
@@ -340,6 +341,7 @@ def test_schema_option_puts_every_object_in_that_schema_and_downgrade_removes_th
     assert tables(scratch_url) == {
         f"{SCHEMA}.sqla_jobs_job",
         f"{SCHEMA}.sqla_jobs_history",
+        f"{SCHEMA}.sqla_jobs_queue",
         f"{SCHEMA}.alembic_version",
     }
     with connect(scratch_url) as conn:
@@ -371,6 +373,7 @@ def test_user_recipe_upgrades_heads_autogenerates_nothing_and_downgrades_only_sq
         "public.invoice",
         "public.sqla_jobs_job",
         "public.sqla_jobs_history",
+        "public.sqla_jobs_queue",
         "public.alembic_version",
     }
     assert version_rows(scratch_url) == {"myapp_0001", HEAD}
@@ -455,6 +458,7 @@ def test_user_recipe_with_sqla_jobs_schema_in_alembic_ini_keeps_our_tables_in_th
         "public.alembic_version",
         f"{SCHEMA}.sqla_jobs_job",
         f"{SCHEMA}.sqla_jobs_history",
+        f"{SCHEMA}.sqla_jobs_queue",
     }
     # Listed, the schema-less sqla_jobs tables look missing from the default schema.
     assert "op.create_table('sqla_jobs_job'" in autogenerate(ini, "listed")["upgrade"]

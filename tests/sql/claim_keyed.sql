@@ -1,7 +1,9 @@
 WITH ranked AS MATERIALIZED 
 (SELECT sqla_jobs_job.id AS id, sqla_jobs_job.concurrency_key AS concurrency_key, sqla_jobs_job.concurrency_limit AS concurrency_limit, sqla_jobs_job.priority AS priority, sqla_jobs_job.run_at AS run_at, row_number() OVER (PARTITION BY sqla_jobs_job.concurrency_key ORDER BY sqla_jobs_job.priority, sqla_jobs_job.run_at, sqla_jobs_job.id) AS rank 
 FROM sqla_jobs_job 
-WHERE sqla_jobs_job.state = 'pending' AND sqla_jobs_job.concurrency_key = any(%(keys)s::TEXT[]) AND sqla_jobs_job.queue = %(queue)s::VARCHAR AND sqla_jobs_job.run_at <= now() AND (sqla_jobs_job.crashes = %(crashes_1)s::INTEGER OR %(crashed_ok)s AND sqla_jobs_job.crashes + %(crashes_2)s::INTEGER < sqla_jobs_job.max_crashes OR %(last_life_ok)s)), 
+WHERE sqla_jobs_job.state = 'pending' AND sqla_jobs_job.concurrency_key = any(%(keys)s::TEXT[]) AND sqla_jobs_job.queue = %(queue)s::VARCHAR AND sqla_jobs_job.run_at <= now() AND NOT (EXISTS (SELECT 1 
+FROM sqla_jobs_queue 
+WHERE sqla_jobs_queue.queue = %(queue)s::VARCHAR AND sqla_jobs_queue.paused_at IS NOT NULL)) AND (sqla_jobs_job.crashes = %(crashes_1)s::INTEGER OR %(crashed_ok)s AND sqla_jobs_job.crashes + %(crashes_2)s::INTEGER < sqla_jobs_job.max_crashes OR %(last_life_ok)s)), 
 running AS MATERIALIZED 
 (SELECT sqla_jobs_job.concurrency_key AS concurrency_key, count(*) AS n 
 FROM sqla_jobs_job 

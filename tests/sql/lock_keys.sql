@@ -1,7 +1,9 @@
 WITH heads AS MATERIALIZED 
 (SELECT sqla_jobs_job.concurrency_key AS concurrency_key, sqla_jobs_job.priority AS priority, sqla_jobs_job.run_at AS run_at, sqla_jobs_job.id AS id, row_number() OVER (PARTITION BY sqla_jobs_job.concurrency_key ORDER BY sqla_jobs_job.priority, sqla_jobs_job.run_at, sqla_jobs_job.id) AS rank 
 FROM sqla_jobs_job 
-WHERE sqla_jobs_job.state = 'pending' AND sqla_jobs_job.concurrency_key IS NOT NULL AND sqla_jobs_job.queue = %(queue)s::VARCHAR AND sqla_jobs_job.run_at <= now()), 
+WHERE sqla_jobs_job.state = 'pending' AND sqla_jobs_job.concurrency_key IS NOT NULL AND sqla_jobs_job.queue = %(queue)s::VARCHAR AND sqla_jobs_job.run_at <= now() AND NOT (EXISTS (SELECT 1 
+FROM sqla_jobs_queue 
+WHERE sqla_jobs_queue.queue = %(queue)s::VARCHAR AND sqla_jobs_queue.paused_at IS NOT NULL))), 
 candidates AS MATERIALIZED 
 (SELECT heads.concurrency_key AS concurrency_key 
 FROM heads 

@@ -102,7 +102,7 @@ def test_register_returns_the_kind_and_both_lookups_find_it() -> None:
     assert kind.options == KindOptions(queue="billing", priority=-5)
     assert jobs.by_name("send_invoice") is kind
     assert jobs.by_model(SendInvoice) is kind
-    assert jobs.get("send_invoice") is kind
+    assert jobs.kind_named("send_invoice") is kind
     assert list(jobs) == [kind]
     assert len(jobs) == 1
 
@@ -165,7 +165,7 @@ def test_one_model_under_two_kinds_is_refused_and_names_the_existing_kind() -> N
     jobs.register("send_invoice", SendInvoice)
     with pytest.raises(RegistryError, match="'send_invoice'"):
         jobs.register("send_invoice_v2", SendInvoice)
-    assert jobs.get("send_invoice_v2") is None
+    assert jobs.kind_named("send_invoice_v2") is None
     assert len(jobs) == 1
 
 
@@ -208,7 +208,7 @@ def test_by_name_of_an_unknown_kind_raises_unknown_kind_error_naming_it() -> Non
     jobs.register("send_invoice", SendInvoice)
     with pytest.raises(UnknownKindError, match="'send_nvoice'"):
         jobs.by_name("send_nvoice")
-    assert jobs.get("send_nvoice") is None
+    assert jobs.kind_named("send_nvoice") is None
 
 
 def test_by_model_of_an_unregistered_model_raises_unknown_kind_error_naming_it() -> None:

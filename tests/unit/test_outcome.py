@@ -71,7 +71,7 @@ def test_a_payload_that_no_longer_validates_is_dead_and_names_the_field_not_the_
 
 
 def test_a_handler_exception_fails_with_the_kinds_backoff_and_where_it_was_raised() -> None:
-    kind = JOBS.get("order")
+    kind = JOBS.kind_named("order")
     assert kind is not None
     try:
         raise ValueError("no such order")

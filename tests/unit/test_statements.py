@@ -131,7 +131,10 @@ def test_builders_are_pure_and_compile_to_the_same_sql_every_time(name: str) -> 
         # The reaper's selection must match the partial running index's predicate.
         ("reap", ["sqla_jobs_job.state = 'running'", "THEN 'dead' ELSE 'pending' END"]),
         ("fail", ["THEN 'dead' ELSE 'pending' END"]),
-        ("release", ["SET state='pending'"]),
+        ("release", ["THEN 'cancelled' ELSE 'pending' END"]),
+        ("retry_jobs", ["SET state='pending'", "IN ('pending', 'dead', 'cancelled')"]),
+        ("cancel_pending", ["SET state='cancelled'", "sqla_jobs_job.state = 'pending'"]),
+        ("request_cancel", ["sqla_jobs_job.state = 'running'"]),
         ("stats_by_queue", ["sqla_jobs_job.state = 'pending'"]),
     ],
 )

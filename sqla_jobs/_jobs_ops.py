@@ -1,0 +1,121 @@
+"""The operations half of the ``Jobs`` facade: retry, cancel, pause, resume and get, sync and
+async, each in the caller's own transaction (see :mod:`sqla_jobs._ops` for the rules)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from sqlalchemy.orm import Session
+
+from . import _ops
+from ._ops import CancelResult
+from .model import Job
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+
+class Operations:
+    """Mixed into :class:`~sqla_jobs.Jobs`: ``schema``, ``channel`` and ``cancel_channel`` come
+    from there."""
+
+    schema: str | None
+    channel: str
+    cancel_channel: str
+
+    @property
+    def _scope(self) -> _ops.Scope:
+        return _ops.Scope(self.schema, self.channel, self.cancel_channel)
+
+    def retry(
+        self,
+        session: Session,
+        ids: Sequence[int] | None = None,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> list[int]:
+        """Run jobs again as soon as possible; returns the ids changed.
+
+        ``ids``: dead, cancelled, or pending-not-yet-due jobs. Without ``ids``: the dead jobs of
+        ``kind`` and ``queue`` (either or both; at most 10,000 per call). Each goes back to
+        ``pending`` at the database's ``now()`` with both budgets whole again (``attempts``,
+        ``crashes`` and ``interruptions`` at 0) and its cancel request cleared; ``errors`` and
+        ``last_error`` stay, for the record. Workers are woken at commit. An unknown id raises
+        :class:`~sqla_jobs.JobNotFoundError`, a running or completed job
+        :class:`~sqla_jobs.JobStateError`, before anything changed: the transaction stays usable.
+        """
+        return _ops.retry(session, self._scope, ids, kind=kind, queue=queue)
+
+    async def retry_async(
+        self,
+        session: AsyncSession,
+        ids: Sequence[int] | None = None,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> list[int]:
+        """:meth:`retry` for an ``AsyncSession``."""
+        return await session.run_sync(
+            lambda s: _ops.retry(s, self._scope, ids, kind=kind, queue=queue)
+        )
+
+    def cancel(
+        self,
+        session: Session,
+        ids: Sequence[int] | None = None,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> CancelResult:
+        """Cancel jobs: a pending one is ``cancelled`` and never runs; a running one's worker is
+        told at commit (NOTIFY; its heartbeat is the floor) and stops it: an async handler is
+        cancelled, a sync one sees ``ctx.cancelled``. The run then ends ``cancelled``, never
+        retried (a handler that returns normally anyway completes). The request is stored with
+        the job, so a worker that dies meanwhile cannot put it back in the queue.
+
+        ``ids``: pending or running jobs; without ``ids``: those of ``queue`` and ``kind``. Errors
+        as for :meth:`retry`, raised before anything changed.
+        """
+        return _ops.cancel(session, self._scope, ids, kind=kind, queue=queue)
+
+    async def cancel_async(
+        self,
+        session: AsyncSession,
+        ids: Sequence[int] | None = None,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> CancelResult:
+        """:meth:`cancel` for an ``AsyncSession``."""
+        return await session.run_sync(
+            lambda s: _ops.cancel(s, self._scope, ids, kind=kind, queue=queue)
+        )
+
+    def pause_queue(self, session: Session, name: str) -> None:
+        """Stop every worker from claiming from queue ``name``, from their next claim after the
+        commit on, until :meth:`resume_queue`. Stored in the database: it holds across worker
+        restarts and for workers started later. Running jobs finish; enqueue still works."""
+        _ops.set_paused(session, self._scope, name, True)
+
+    async def pause_queue_async(self, session: AsyncSession, name: str) -> None:
+        """:meth:`pause_queue` for an ``AsyncSession``."""
+        await session.run_sync(lambda s: _ops.set_paused(s, self._scope, name, True))
+
+    def resume_queue(self, session: Session, name: str) -> None:
+        """Let workers claim from queue ``name`` again; they are woken at commit."""
+        _ops.set_paused(session, self._scope, name, False)
+
+    async def resume_queue_async(self, session: AsyncSession, name: str) -> None:
+        """:meth:`resume_queue` for an ``AsyncSession``."""
+        await session.run_sync(lambda s: _ops.set_paused(s, self._scope, name, False))
+
+    def get(self, session: Session, job_id: int) -> Job | None:
+        """The job ``job_id`` as ``session``'s transaction sees it, or None (a job that
+        completed is gone, unless its row had to be kept)."""
+        return _ops.get(session, self._scope, job_id)
+
+    async def get_async(self, session: AsyncSession, job_id: int) -> Job | None:
+        """:meth:`get` for an ``AsyncSession``."""
+        return await session.run_sync(lambda s: _ops.get(s, self._scope, job_id))

@@ -1,0 +1,186 @@
+"""The operations: retry, cancel, pause and resume a queue, get a job; in the caller's Session.
+
+Like enqueue, they ride the caller's transaction: nothing happens unless it commits, and a
+rollback undoes all of it; workers hear of a cancel or a resumed queue at commit (NOTIFY). Given
+explicit ids, an operation first locks those jobs and checks them all: an unknown id or a job in a
+state the operation does not apply to raises before anything changed, and the transaction stays
+usable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from . import statements
+from .errors import InvalidQueueNameError, JobNotFoundError, JobStateError
+from .kinds import check_name
+from .model import Job, JobState
+
+#: Jobs one operation by filter touches at most (a bigger backlog: call it again).
+FILTER_LIMIT = 10_000
+#: NOTIFY payloads stay under PostgreSQL's 8,000 bytes: job ids a cancel notification carries.
+_IDS_PER_NOTIFY = 500
+
+_LOCK = statements.lock_jobs()
+_FIND = statements.find_jobs()
+_RETRY = statements.retry_jobs()
+_CANCEL_PENDING = statements.cancel_pending()
+_REQUEST_CANCEL = statements.request_cancel()
+_SET_PAUSED = statements.set_queue_paused()
+_NOTIFY = statements.notify()
+
+RETRYABLE = (JobState.DEAD.value, JobState.CANCELLED.value, JobState.PENDING.value)
+CANCELLABLE = (JobState.PENDING.value, JobState.RUNNING.value)
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    """What :func:`cancel` did: pending jobs ``cancelled`` (they will never run), and running
+    jobs whose worker was asked to stop them (``requested``: they end ``cancelled`` when the
+    handler stops, or ``completed`` if it returns normally anyway)."""
+
+    cancelled: list[int] = field(default_factory=list)
+    requested: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The schema and channels of one ``Jobs``, as the operations need them."""
+
+    schema: str | None
+    channel: str
+    cancel_channel: str
+
+    @property
+    def options(self) -> dict[str, Any]:
+        if self.schema is None:
+            return {}
+        return {"schema_translate_map": {None: self.schema}}
+
+
+def _targets(
+    session: Session,
+    scope: Scope,
+    ids: Sequence[int] | None,
+    allowed: tuple[str, ...],
+    filter_states: tuple[str, ...],
+    what: str,
+    kind: str | None,
+    queue: str | None,
+) -> list[Any]:
+    """The jobs an operation applies to, locked: ``ids`` checked (all exist, all in ``allowed``
+    states), or those in ``filter_states`` matching ``kind`` and ``queue``."""
+    if ids is None:
+        if queue is not None:
+            _check_queue(queue)
+        params = {"states": list(filter_states), "kind": kind, "queue": queue}
+        return list(
+            session.execute(
+                _FIND, {**params, "limit": FILTER_LIMIT}, execution_options=scope.options
+            )
+        )
+    wanted = sorted({int(i) for i in ids})
+    rows = list(session.execute(_LOCK, {"ids": wanted}, execution_options=scope.options))
+    missing = sorted(set(wanted) - {r[0] for r in rows})
+    if missing:
+        raise JobNotFoundError(f"no job with id {_list(missing)}: nothing changed", missing)
+    wrong = {r[0]: r[1] for r in rows if r[1] not in allowed}
+    if wrong:
+        states = ", ".join(f"{i} is {s}" for i, s in sorted(wrong.items()))
+        raise JobStateError(
+            f"cannot {what} job {states} (only {', '.join(allowed)} jobs): nothing changed", wrong
+        )
+    return rows
+
+
+def retry(
+    session: Session,
+    scope: Scope,
+    ids: Sequence[int] | None = None,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+) -> list[int]:
+    """Run dead, cancelled or not-yet-due pending jobs again as soon as possible, both budgets
+    whole again; without ``ids``, the dead jobs of ``kind`` and ``queue``. Returns the ids."""
+    rows = _targets(session, scope, ids, RETRYABLE, ("dead",), "retry", kind, queue)
+    if not rows:
+        return []
+    done = list(
+        session.execute(_RETRY, {"ids": [r[0] for r in rows]}, execution_options=scope.options)
+    )
+    _wake(session, scope, {r[1] for r in done})
+    return sorted(r[0] for r in done)
+
+
+def cancel(
+    session: Session,
+    scope: Scope,
+    ids: Sequence[int] | None = None,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+) -> CancelResult:
+    """Cancel pending jobs, and ask the workers running running ones to stop them; without
+    ``ids``, the pending and running jobs of ``queue`` and ``kind``."""
+    rows = _targets(session, scope, ids, CANCELLABLE, CANCELLABLE, "cancel", kind, queue)
+    pending = [r[0] for r in rows if r[1] == JobState.PENDING.value]
+    running = [r[0] for r in rows if r[1] == JobState.RUNNING.value]
+    options = scope.options
+    cancelled = (
+        [
+            r[0]
+            for r in session.execute(_CANCEL_PENDING, {"ids": pending}, execution_options=options)
+        ]
+        if pending
+        else []
+    )
+    requested = (
+        [
+            r[0]
+            for r in session.execute(_REQUEST_CANCEL, {"ids": running}, execution_options=options)
+        ]
+        if running
+        else []
+    )
+    for start in range(0, len(requested), _IDS_PER_NOTIFY):
+        payload = ",".join(map(str, requested[start : start + _IDS_PER_NOTIFY]))
+        session.execute(_NOTIFY, {"channel": scope.cancel_channel, "queue": payload})
+    return CancelResult(cancelled=sorted(cancelled), requested=sorted(requested))
+
+
+def set_paused(session: Session, scope: Scope, queue: str, paused: bool) -> None:
+    """Pause or resume ``queue`` for every worker; a resume wakes its workers at commit."""
+    _check_queue(queue)
+    session.execute(
+        _SET_PAUSED, {"queue": queue, "paused": paused}, execution_options=scope.options
+    )
+    if not paused:
+        _wake(session, scope, {queue})
+
+
+def get(session: Session, scope: Scope, job_id: int) -> Job | None:
+    """The job ``job_id`` as the caller's transaction sees it, or None."""
+    return session.get(Job, job_id, execution_options=scope.options)
+
+
+def _wake(session: Session, scope: Scope, queues: set[str]) -> None:
+    # Delivered at commit, like enqueue's: workers claim what was just made claimable.
+    for queue in sorted(queues):
+        session.execute(_NOTIFY, {"channel": scope.channel, "queue": queue})
+
+
+def _check_queue(queue: str) -> None:
+    try:
+        check_name("queue", queue)
+    except ValueError as exc:
+        raise InvalidQueueNameError(str(exc)) from None
+
+
+def _list(ids: list[int]) -> str:
+    shown = ", ".join(map(str, ids[:10]))
+    return shown + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")

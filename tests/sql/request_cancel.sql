@@ -1,0 +1,1 @@
+UPDATE sqla_jobs_job SET cancel_requested_at=coalesce(sqla_jobs_job.cancel_requested_at, now()) WHERE sqla_jobs_job.id = any(%(ids)s::BIGINT[]) AND sqla_jobs_job.state = 'running' RETURNING sqla_jobs_job.id

@@ -1,0 +1,1 @@
+UPDATE sqla_jobs_job SET state='pending', run_at=now(), attempts=%(attempts)s::INTEGER, crashes=%(crashes)s::INTEGER, interruptions=%(interruptions)s::INTEGER, cancel_requested_at=NULL, finished_at=NULL WHERE sqla_jobs_job.id = any(%(ids)s::BIGINT[]) AND sqla_jobs_job.state IN ('pending', 'dead', 'cancelled') RETURNING sqla_jobs_job.id, sqla_jobs_job.queue
