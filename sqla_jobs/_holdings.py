@@ -179,9 +179,10 @@ class Holdings:
         if dropped:
             for job in dropped:
                 self._count(job, -1)
-            self.buffer = collections.deque(
-                j for j in self.buffer if (j.id, j.lease_token) not in held
-            )
+            # In place: the slots hold a reference to the deque.
+            kept = [j for j in self.buffer if (j.id, j.lease_token) not in held]
+            self.buffer.clear()
+            self.buffer.extend(kept)
         deferred = [j for j in self.deferred if (j.id, j.lease_token) in held]
         for job in deferred:
             self._count(job, -1)
