@@ -94,11 +94,9 @@ class LeaseKeeper(threading.Thread):
 
     def _connection(self) -> Conn:
         if self._conn is None or self._conn.closed:
-            # lock_timeout: a renewal skips locked rows, so nothing should wait; if something
-            # still does (a lock on the table itself), it fails and is retried next beat.
-            self._conn = self._connector.connect(
-                "leases", connect_timeout=5, options="-c lock_timeout=2000"
-            )
+            # No startup options (PgBouncer refuses them): a renewal skips locked rows, so it
+            # waits for no row lock anyway.
+            self._conn = self._connector.connect("leases", connect_timeout=5)
         return self._conn
 
     def _close(self) -> None:
