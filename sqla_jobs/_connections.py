@@ -130,6 +130,44 @@ def serve(
     close()
 
 
+class ConnectionThread(threading.Thread):
+    """A worker thread that owns one connection (opened as ``role``, at most ``connect_timeout``
+    seconds) and runs :meth:`step` until :meth:`stop`, coming back after a lost connection as
+    :func:`serve` does; the step returns the seconds until the next one."""
+
+    def __init__(
+        self, connector: Connector, role: str, *, what: str, event: str, connect_timeout: int = 5
+    ) -> None:
+        super().__init__(name=f"sqla-jobs-{role}-{connector.worker}", daemon=True)
+        self._connector = connector
+        self._role = role
+        self._connect_timeout = connect_timeout
+        self._reconnects = Reconnects(what, event)
+        self._stop_event = threading.Event()
+        self._conn: Conn | None = None
+
+    def stop(self) -> None:
+        """Ask the thread to finish its current step and exit."""
+        self._stop_event.set()
+
+    def run(self) -> None:
+        serve(self._stop_event, self.step, self._reconnects, close=self._close)
+
+    def step(self) -> float:
+        """One round of the thread's work; the seconds until the next."""
+        raise NotImplementedError
+
+    def connection(self) -> Conn:
+        """The thread's connection, opened if it has none."""
+        if self._conn is None or self._conn.closed:
+            self._conn = self._connector.connect(self._role, connect_timeout=self._connect_timeout)
+        return self._conn
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        close_quietly(conn)
+
+
 def close_quietly(conn: Conn | None) -> None:
     """Close ``conn`` if there is one; a broken connection has nothing left to report."""
     if conn is not None:

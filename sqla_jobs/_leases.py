@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable, Collection
 from datetime import timedelta
 
-from ._connections import Conn, Connector, Reconnects, close_quietly, serve
+from ._connections import ConnectionThread, Connector
 from ._sql import WorkerSQL
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -43,7 +43,7 @@ def held_params(held: Collection[Held]) -> dict[str, str]:
     }
 
 
-class LeaseKeeper(threading.Thread):
+class LeaseKeeper(ConnectionThread):
     """Every ``heartbeat`` seconds: extend the leases of ``snapshot()``'s jobs; report through
     ``on_lost`` the ones another worker may own now. While ``paused`` is set, no heartbeat is
     sent (a test's stand-in for a frozen process)."""
@@ -60,8 +60,9 @@ class LeaseKeeper(threading.Thread):
         on_cancel: Callable[[list[int]], None] | None = None,
         paused: threading.Event | None = None,
     ) -> None:
-        super().__init__(name=f"sqla-jobs-leases-{connector.worker}", daemon=True)
-        self._connector = connector
+        # No startup options on this connection (PgBouncer refuses them): a renewal skips
+        # locked rows, so it waits for no row lock anyway.
+        super().__init__(connector, "leases", what="lease connection", event="lease_conn_lost")
         self._sql = sql
         self._lease = lease
         self._heartbeat = heartbeat
@@ -69,46 +70,25 @@ class LeaseKeeper(threading.Thread):
         self._on_lost = on_lost
         self._on_cancel = on_cancel
         self._paused = paused or threading.Event()
-        self._stop_event = threading.Event()
-        self._conn: Conn | None = None
         #: Renewals skipped because another session held the row locked (for tests and logs).
         self.skipped_locked = 0
         self._locked_before: set[Held] = set()
 
-    def stop(self) -> None:
-        """Ask the thread to finish its current beat and exit."""
-        self._stop_event.set()
-
-    def run(self) -> None:
-        reconnects = Reconnects("lease connection", "lease_conn_lost")
-        serve(self._stop_event, self._step, reconnects, close=self._close)
-
-    def _step(self) -> float:
+    def step(self) -> float:
         started = time.monotonic()
         # Connected from the start, held or not: a job's lease must be renewable even while the
         # database refuses new connections (the worker's other connections may be down then).
-        self._connection()
+        self.connection()
         if not self._paused.is_set():
             self.beat()
         return max(0.0, self._heartbeat - (time.monotonic() - started))
-
-    def _connection(self) -> Conn:
-        if self._conn is None or self._conn.closed:
-            # No startup options (PgBouncer refuses them): a renewal skips locked rows, so it
-            # waits for no row lock anyway.
-            self._conn = self._connector.connect("leases", connect_timeout=5)
-        return self._conn
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        close_quietly(conn)
 
     def beat(self) -> None:
         """Extend the leases of the jobs held now; report the lost ones."""
         held = list(self._snapshot())
         if not held:
             return
-        conn = self._connection()
+        conn = self.connection()
         params = held_params(held)
         rows = conn.execute(
             self._sql.heartbeat.sql, self._sql.heartbeat.params(lease=self._lease, **params)

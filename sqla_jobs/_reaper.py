@@ -9,9 +9,8 @@ is notified, so idle workers pick the rescued jobs up at once instead of at thei
 from __future__ import annotations
 
 import logging
-import threading
 
-from ._connections import Conn, Connector, Reconnects, close_quietly, serve
+from ._connections import ConnectionThread, Connector
 from ._sql import WorkerSQL
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -20,48 +19,28 @@ log = logging.getLogger("sqla_jobs.worker")
 _BATCH = 100
 
 
-class Reaper(threading.Thread):
+class Reaper(ConnectionThread):
     """Every ``interval`` seconds, reap every expired lease (in batches) and wake the queues
     they go back to through ``channel``."""
 
     def __init__(
         self, *, connector: Connector, sql: WorkerSQL, interval: float, channel: str
     ) -> None:
-        super().__init__(name=f"sqla-jobs-reaper-{connector.worker}", daemon=True)
-        self._connector = connector
+        super().__init__(connector, "reaper", what="reaper connection", event="lease_conn_lost")
         self._sql = sql
         self._interval = interval
         self._channel = channel
-        self._stop_event = threading.Event()
-        self._conn: Conn | None = None
         self.reaped = 0
 
-    def stop(self) -> None:
-        """Ask the thread to finish its current pass and exit."""
-        self._stop_event.set()
-
-    def run(self) -> None:
-        reconnects = Reconnects("reaper connection", "lease_conn_lost")
-        serve(self._stop_event, self._step, reconnects, close=self._close)
-
-    def _step(self) -> float:
+    def step(self) -> float:
         self.reap()
         return self._interval
-
-    def _connection(self) -> Conn:
-        if self._conn is None or self._conn.closed:
-            self._conn = self._connector.connect("reaper", connect_timeout=5)
-        return self._conn
-
-    def _close(self) -> None:
-        conn, self._conn = self._conn, None
-        close_quietly(conn)
 
     def reap(self) -> int:
         """Return expired leases to the queue (or dead), wake their queues; the number reaped."""
         total = 0
         woken: set[str] = set()
-        conn = self._connection()
+        conn = self.connection()
         while True:
             rows = conn.execute(self._sql.reap.sql, self._sql.reap.params(limit=_BATCH)).fetchall()
             for job_id, kind, state, crashes, locked_by, queue in rows:

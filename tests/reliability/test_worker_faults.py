@@ -29,6 +29,7 @@ from tests.reliability.fault_app import (
     reaped,
     reset_fault_tables,
 )
+from tests.reliability.test_kill import held_by
 
 
 @contextmanager
@@ -40,16 +41,6 @@ def fleet_of(url: str, log_dir: Path, *options: str) -> Iterator[Fleet]:
         yield fleet
     finally:
         fleet.close()
-
-
-def held_by(engine: Engine, pid: int) -> set[int]:
-    """The jobs whose lease the worker process ``pid`` holds (worker names are host:pid:random)."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text("SELECT id FROM sqla_jobs_job WHERE state = 'running' AND locked_by LIKE :like"),
-            {"like": f"%:{pid}:%"},
-        )
-        return {int(r[0]) for r in rows}
 
 
 def rows_by_id(engine: Engine) -> dict[int, dict[str, Any]]:
