@@ -1,7 +1,8 @@
 """The ``sqla-jobs`` command: ``worker``, ``stats``, ``jobs``, ``queues``, ``migrate`` and ``demo``.
 
 Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 bad usage or
-configuration (including a bad ``MODULE:ATTR``, a bad filter or queue name); 3 the database cannot be reached; 4 the database is not migrated (no queue table where the
+configuration (including a bad ``MODULE:ATTR``, a bad filter or queue name, a bad log level or log
+config); 3 the database cannot be reached; 4 the database is not migrated (no queue table where the
 command looks, or an older one); 5 a worker stopped because a sync handler was stuck past its
 timeout and grace (restart it); 6 a job named does not exist or is in a state the command does not
 apply to (nothing changed); 130 a worker forced out by a second SIGTERM/SIGINT.
@@ -76,7 +77,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from . import _logging
     from .worker import Worker
 
-    _logging.configure(args.log_level)
+    try:
+        _logging.configure(args.log_level, args.log_format, args.log_config)
+    except _logging.LoggingSetupError as exc:
+        raise CLIError(str(exc)) from None
     jobs = load_jobs(args.target)
     url = database_url(args)
     queues = [q for q in (args.queues or "").split(",") if q] or None
@@ -231,7 +235,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=(env("KEEP_HISTORY", "0") or "0").lower() in ("1", "true", "yes"),
         help="copy finished jobs into sqla_jobs_history (env SQLA_JOBS_KEEP_HISTORY=1)",
     )
-    w.add_argument("--log-level", default=env("LOG_LEVEL", "INFO"), help="default INFO")
+    w.add_argument(
+        "--log-level",
+        default=env("LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (env SQLA_JOBS_LOG_LEVEL; default INFO)",
+    )
+    w.add_argument(
+        "--log-format",
+        default=env("LOG_FORMAT", "logfmt"),
+        help="logfmt or json: one line per record, of every logger, the handlers' own included "
+        "(env SQLA_JOBS_LOG_FORMAT; default logfmt)",
+    )
+    w.add_argument(
+        "--log-config",
+        metavar="FILE",
+        default=env("LOG_CONFIG"),
+        help="a logging.config.dictConfig in JSON (FILE.json) or TOML (FILE.toml), applied "
+        "instead of --log-format and --log-level (env SQLA_JOBS_LOG_CONFIG)",
+    )
     w.set_defaults(func=cmd_worker)
 
     s = sub.add_parser(
