@@ -135,7 +135,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     query = listings.JobQuery.from_args(args)
     with open_session(args) as (jobs, session), session.begin():
         rows = listings.list_jobs(session, jobs, query)
-    print(listings.render_jobs(rows, as_json=args.json))
+    _print(listings.render_jobs(rows, as_json=args.json))
     return EXIT_OK
 
 
@@ -155,8 +155,14 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_queues(args: argparse.Namespace) -> int:
     with open_session(args) as (jobs, session), session.begin():
         queues = listings.queue_overview(session, jobs)
-    print(listings.render_queues(queues, as_json=args.json))
+    _print(listings.render_queues(queues, as_json=args.json))
     return EXIT_OK
+
+
+def _print(text: str) -> None:
+    # JSON lines of nothing are no lines, not one empty line.
+    if text:
+        print(text)
 
 
 def register(sub: Any, epilog: str) -> None:
