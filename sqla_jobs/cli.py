@@ -1,10 +1,11 @@
-"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``migrate`` and ``demo``.
+"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``jobs``, ``queues``, ``migrate`` and ``demo``.
 
 Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 bad usage or
-configuration (including a bad ``MODULE:ATTR``); 3 the database cannot be reached; 4 the database is
-not migrated (no queue table where the command looks, or an older one); 5 a worker stopped because a
-sync handler was stuck past its timeout and grace (restart it); 130 a worker forced out by a second
-SIGTERM/SIGINT.
+configuration (including a bad ``MODULE:ATTR``, a bad filter or queue name, a bad log level or log
+config); 3 the database cannot be reached; 4 the database is not migrated (no queue table where the
+command looks, or an older one); 5 a worker stopped because a sync handler was stuck past its
+timeout and grace (restart it); 6 a job named does not exist or is in a state the command does not
+apply to (nothing changed); 130 a worker forced out by a second SIGTERM/SIGINT.
 
 An unexpected database error is one line on stderr; SQLA_JOBS_DEBUG=1 shows its traceback.
 """
@@ -21,30 +22,32 @@ from typing import Any, TypeVar
 import psycopg
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from ._db import ENV_VAR, libpq_conninfo, redact
+from . import _cli_ops
+from ._cli_common import (
+    EXIT_ERROR,
+    EXIT_FORCED,
+    EXIT_NOT_APPLICABLE,
+    EXIT_NOT_MIGRATED,
+    EXIT_OK,
+    EXIT_USAGE,
+    CLIError,
+    add_database_options,
+    check_reachable,
+    database_url,
+    env,
+    prepared_url,
+)
 from ._preflight import check_job_table
-from .errors import ConfigurationError, NotMigratedError, SqlaJobsError
+from .errors import (
+    ConfigurationError,
+    JobNotFoundError,
+    JobStateError,
+    NotMigratedError,
+    SqlaJobsError,
+)
 from .jobs import Jobs
 
 T = TypeVar("T", int, float)
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-EXIT_UNREACHABLE = 3
-EXIT_NOT_MIGRATED = 4
-
-
-class CLIError(Exception):
-    """A one-line error for the user, with its exit code."""
-
-    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def _env(name: str, default: str | None = None) -> str | None:
-    return os.environ.get(f"SQLA_JOBS_{name}", default)
 
 
 def load_jobs(target: str) -> Jobs:
@@ -70,32 +73,16 @@ def load_jobs(target: str) -> Jobs:
     return obj
 
 
-def _database_url(args: argparse.Namespace) -> str:
-    url: str | None = args.database_url or os.environ.get(ENV_VAR)
-    if not url:
-        raise CLIError(f"no database: set {ENV_VAR} or pass --database-url")
-    return url
-
-
-def check_reachable(url: str) -> None:
-    """Connect once, so an unreachable database is a one-line error rather than a traceback."""
-    try:
-        with psycopg.connect(libpq_conninfo(url), connect_timeout=5) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CLIError(
-            f"cannot reach the database at {redact(url)}: {first}", EXIT_UNREACHABLE
-        ) from None
-
-
 def cmd_worker(args: argparse.Namespace) -> int:
     from . import _logging
     from .worker import Worker
 
-    _logging.configure(args.log_level)
+    try:
+        _logging.configure(args.log_level, args.log_format, args.log_config)
+    except _logging.LoggingSetupError as exc:
+        raise CLIError(str(exc)) from None
     jobs = load_jobs(args.target)
-    url = _database_url(args)
+    url = database_url(args)
     queues = [q for q in (args.queues or "").split(",") if q] or None
     worker = Worker(
         jobs,
@@ -124,24 +111,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_stats(args: argparse.Namespace) -> int:
     from datetime import timedelta
 
-    from .stats import collect, render
+    from .stats import collect, render, render_json
 
-    url = _database_url(args)
-    check_reachable(url)
-    check_job_table(
-        url,
-        args.schema,
-        lambda schema: f"run with --schema {schema} (or SQLA_JOBS_SCHEMA={schema})",
-    )
+    url = prepared_url(args)
     old = None if args.old_transaction is None else timedelta(seconds=args.old_transaction)
-    print(render(collect(url, schema=args.schema, old_transaction=old)))
+    stats = collect(url, schema=args.schema, old_transaction=old)
+    print(render_json(stats) if args.json else render(stats))
     return EXIT_OK
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from .migrate import upgrade
 
-    url = _database_url(args)
+    url = database_url(args)
     check_reachable(url)
     upgrade(url, schema=args.schema, sql=args.sql)
     return EXIT_OK
@@ -153,9 +135,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(database_url=args.database_url)
 
 
-def _number_env(name: str, kind: type[T], default: T | None) -> T | None:
+def _numberenv(name: str, kind: type[T], default: T | None) -> T | None:
     """``SQLA_JOBS_<name>`` as an int or float; a clear usage error if it is not one."""
-    raw = _env(name)
+    raw = env(name)
     if raw is None or raw == "":
         return default
     try:
@@ -171,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     def db(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--database-url", help=f"PostgreSQL URL (default: ${ENV_VAR})")
+        add_database_options(p, schema=False)
 
     w = sub.add_parser(
         "worker", help="run the handlers of MODULE:ATTR (a sqla_jobs.Jobs)", epilog=epilog
@@ -180,99 +162,118 @@ def build_parser() -> argparse.ArgumentParser:
     db(w)
     w.add_argument(
         "--queues",
-        default=_env("QUEUES"),
+        default=env("QUEUES"),
         help="comma-separated queues (env SQLA_JOBS_QUEUES; default: the kinds' queues)",
     )
     w.add_argument(
         "--concurrency",
         type=int,
-        default=_number_env("CONCURRENCY", int, 4),
+        default=_numberenv("CONCURRENCY", int, 4),
         help="handlers running at once (env SQLA_JOBS_CONCURRENCY; default 4)",
     )
     w.add_argument(
         "--lease",
         type=float,
-        default=_number_env("LEASE", float, 60.0),
+        default=_numberenv("LEASE", float, 60.0),
         help="seconds a claim is held without a heartbeat (env SQLA_JOBS_LEASE; default 60)",
     )
     w.add_argument(
         "--heartbeat",
         type=float,
-        default=_number_env("HEARTBEAT", float, None),
+        default=_numberenv("HEARTBEAT", float, None),
         help="seconds between lease renewals (env SQLA_JOBS_HEARTBEAT; default lease/3)",
     )
     w.add_argument(
         "--poll-interval",
         type=float,
-        default=_number_env("POLL_INTERVAL", float, 1.0),
+        default=_numberenv("POLL_INTERVAL", float, 1.0),
         help="seconds between polls when no NOTIFY arrives (env SQLA_JOBS_POLL_INTERVAL; default 1)",
     )
     w.add_argument(
         "--shutdown-timeout",
         type=float,
-        default=_number_env("SHUTDOWN_TIMEOUT", float, 30.0),
+        default=_numberenv("SHUTDOWN_TIMEOUT", float, 30.0),
         help="seconds running jobs get to finish after SIGTERM (env SQLA_JOBS_SHUTDOWN_TIMEOUT; 30)",
     )
     w.add_argument(
         "--stuck-grace",
         type=float,
-        default=_number_env("STUCK_GRACE", float, 60.0),
+        default=_numberenv("STUCK_GRACE", float, 60.0),
         help="seconds a sync handler may run past its kind's timeout before the worker stops and "
         "exits with code 5 for a restart (env SQLA_JOBS_STUCK_GRACE; 60)",
     )
     w.add_argument(
         "--reap-interval",
         type=float,
-        default=_number_env("REAP_INTERVAL", float, None),
+        default=_numberenv("REAP_INTERVAL", float, None),
         help="seconds between reaps of expired leases (env SQLA_JOBS_REAP_INTERVAL; "
         "half the lease, at most 30)",
     )
     w.add_argument(
         "--no-listen",
         action="store_true",
-        default=(_env("LISTEN", "1") or "1").lower() in ("0", "false", "no"),
+        default=(env("LISTEN", "1") or "1").lower() in ("0", "false", "no"),
         help="poll only, no LISTEN (PgBouncer transaction pooling; env SQLA_JOBS_LISTEN=0)",
     )
     w.add_argument(
         "--no-prepared-statements",
         action="store_true",
-        default=(_env("PREPARED_STATEMENTS", "1") or "1").lower() in ("0", "false", "no"),
+        default=(env("PREPARED_STATEMENTS", "1") or "1").lower() in ("0", "false", "no"),
         help="never prepare statements server-side (PgBouncer < 1.21 in transaction pooling; "
         "env SQLA_JOBS_PREPARED_STATEMENTS=0)",
     )
     w.add_argument(
         "--prefetch",
         type=int,
-        default=_number_env("PREFETCH", int, None),
+        default=_numberenv("PREFETCH", int, None),
         help="claimed jobs that may wait for a free slot (env SQLA_JOBS_PREFETCH; default: "
         "automatic, 4x concurrency while handlers are short, 0 otherwise)",
     )
     w.add_argument(
         "--keep-history",
         action="store_true",
-        default=(_env("KEEP_HISTORY", "0") or "0").lower() in ("1", "true", "yes"),
+        default=(env("KEEP_HISTORY", "0") or "0").lower() in ("1", "true", "yes"),
         help="copy finished jobs into sqla_jobs_history (env SQLA_JOBS_KEEP_HISTORY=1)",
     )
-    w.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="default INFO")
+    w.add_argument(
+        "--log-level",
+        default=env("LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (env SQLA_JOBS_LOG_LEVEL; default INFO)",
+    )
+    w.add_argument(
+        "--log-format",
+        default=env("LOG_FORMAT", "logfmt"),
+        help="logfmt or json: one line per record, of every logger, the handlers' own included "
+        "(env SQLA_JOBS_LOG_FORMAT; default logfmt)",
+    )
+    w.add_argument(
+        "--log-config",
+        metavar="FILE",
+        default=env("LOG_CONFIG"),
+        help="a logging.config.dictConfig in JSON (FILE.json) or TOML (FILE.toml), applied "
+        "instead of --log-format and --log-level (env SQLA_JOBS_LOG_CONFIG)",
+    )
     w.set_defaults(func=cmd_worker)
 
     s = sub.add_parser(
         "stats", help="jobs per queue and state, queue latency, table health", epilog=epilog
     )
-    db(s)
-    s.add_argument("--schema", default=_env("SCHEMA"), help="schema of the queue table")
+    add_database_options(s)
+    s.add_argument("--json", action="store_true", help="one JSON object, with a per-kind breakdown")
     s.add_argument(
         "--old-transaction",
         type=float,
-        default=_number_env("OLD_TRANSACTION", float, None),
+        default=_numberenv("OLD_TRANSACTION", float, None),
         help="warn about a transaction open longer than this many seconds "
         "(env SQLA_JOBS_OLD_TRANSACTION; default 300)",
     )
     s.set_defaults(func=cmd_stats)
 
+    _cli_ops.register(sub, epilog)
+
     m = sub.add_parser("migrate", help="create or upgrade the queue table (alembic upgrade)")
     db(m)
-    m.add_argument("--schema", default=_env("SCHEMA"), help="schema for the queue table")
+    m.add_argument("--schema", default=env("SCHEMA"), help="schema for the queue table")
     m.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
     m.set_defaults(func=cmd_migrate)
 
@@ -296,11 +297,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as exc:
         print(f"sqla-jobs: error: {exc}", file=sys.stderr)
         return exc.code
+    except (JobNotFoundError, JobStateError) as exc:
+        print(f"sqla-jobs: error: {exc}", file=sys.stderr)
+        return EXIT_NOT_APPLICABLE
     except (ConfigurationError, SqlaJobsError) as exc:
         print(f"sqla-jobs: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return EXIT_FORCED
     except (psycopg.Error, SQLAlchemyError) as exc:
         if os.environ.get("SQLA_JOBS_DEBUG") == "1":
             raise

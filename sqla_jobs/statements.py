@@ -962,3 +962,65 @@ def set_queue_paused() -> AnyInsert:
             "updated_at": func.now(),
         },
     ).returning(queue_state.c.paused_at)
+
+
+# -- the CLI's listings ----------------------------------------------------------------------------
+
+
+def list_jobs() -> Select[Any]:
+    """Up to ``limit`` jobs, newest id first, without their payload or errors: those in one of
+    ``states`` (a text array; NULL: any), of ``queue`` and ``kind`` (NULL: any), whose ``meta``
+    contains ``meta`` (jsonb ``@>``; NULL: any). For ``sqla-jobs jobs list``. No locks; the
+    primary key read backwards, filtered (an operator's listing, not a hot path)."""
+    states = bindparam("states", type_=ARRAY(Text))
+    queue = bindparam("queue", type_=Text)
+    kind = bindparam("kind", type_=Text)
+    meta = bindparam("meta", type_=JSONB(none_as_null=True))
+    return (
+        select(
+            job.c.id,
+            job.c.queue,
+            job.c.kind,
+            job.c.state,
+            job.c.priority,
+            job.c.attempts,
+            job.c.max_attempts,
+            job.c.crashes,
+            job.c.interruptions,
+            job.c.run_at,
+            job.c.created_at,
+            job.c.finished_at,
+            job.c.cancel_requested_at,
+            job.c.last_error,
+            job.c.meta,
+        )
+        .where(
+            or_(states.is_(None), job.c.state == func.any(states)),
+            or_(queue.is_(None), job.c.queue == queue),
+            or_(kind.is_(None), job.c.kind == kind),
+            or_(meta.is_(None), job.c.meta.contains(meta)),
+        )
+        .order_by(job.c.id.desc())
+        .limit(bindparam("limit", type_=BigInteger))
+    )
+
+
+def list_queue_states() -> Select[Any]:
+    """Every queue an operator paused or resumed (``sqla_jobs_queue``): name, ``paused_at``
+    (NULL: active) and ``updated_at``, by name. No locks; a scan of a table of a few rows."""
+    return select(queue_state.c.queue, queue_state.c.paused_at, queue_state.c.updated_at).order_by(
+        queue_state.c.queue
+    )
+
+
+def stats_by_kind() -> Select[tuple[str, str, int, object]]:
+    """Count jobs per kind and state, with the age of the oldest *due* pending job of the kind:
+    :func:`stats_by_queue` per kind. A full scan of the table; no locks."""
+    due_age = func.max(func.now() - job.c.run_at).filter(
+        and_(job.c.state == PENDING, job.c.run_at <= func.now())
+    )
+    return (
+        select(job.c.kind, job.c.state, func.count().label("jobs"), due_age.label("oldest_due"))
+        .group_by(job.c.kind, job.c.state)
+        .order_by(job.c.kind, job.c.state)
+    )

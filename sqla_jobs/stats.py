@@ -7,8 +7,9 @@ oldest open transaction, which holds back the xmin horizon so vacuum cannot remo
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import create_engine
@@ -16,6 +17,7 @@ from sqlalchemy.pool import NullPool
 
 from . import statements
 from ._db import sqlalchemy_url
+from .model import STATES
 
 #: An open transaction older than this gets a warning: it pins dead tuples in place.
 OLD_TRANSACTION = timedelta(minutes=5)
@@ -27,6 +29,10 @@ class Stats:
 
     #: (queue, state, jobs, oldest due age or None)
     rows: list[tuple[str, str, int, timedelta | None]] = field(default_factory=list)
+    #: (kind, state, jobs, oldest due age or None)
+    kinds: list[tuple[str, str, int, timedelta | None]] = field(default_factory=list)
+    #: Queues an operator touched: name -> paused since (None: active again).
+    paused: dict[str, datetime | None] = field(default_factory=dict)
     table: dict[str, Any] = field(default_factory=dict)
     oldest_transaction: dict[str, Any] | None = None
     #: Warn about a transaction open longer than this (None: :data:`OLD_TRANSACTION`).
@@ -59,12 +65,19 @@ def collect(
                 (r.queue, r.state, int(r.jobs), r.oldest_due)
                 for r in conn.execute(statements.stats_by_queue())
             ]
+            kinds = [
+                (r.kind, r.state, int(r.jobs), r.oldest_due)
+                for r in conn.execute(statements.stats_by_kind())
+            ]
+            paused = {r.queue: r.paused_at for r in conn.execute(statements.list_queue_states())}
             health = conn.execute(statements.table_health(), {"schema": schema}).mappings().first()
             oldest = conn.execute(statements.oldest_transaction()).mappings().first()
     finally:
         engine.dispose()
     return Stats(
         rows=rows,
+        kinds=kinds,
+        paused=paused,
         table=dict(health) if health else {},
         oldest_transaction=dict(oldest) if oldest else None,
         old_transaction=old_transaction,
@@ -110,3 +123,59 @@ def render(stats: Stats) -> str:
     for w in stats.warnings:
         lines.append(f"WARNING: {w}")
     return "\n".join(lines)
+
+
+def by_state(
+    rows: list[tuple[str, str, int, timedelta | None]],
+) -> dict[str, dict[str, Any]]:
+    """(name, state, jobs, oldest due) rows as name -> {state: jobs, ..., "oldest_due": age}, every
+    state present (0 when none)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, state, jobs, oldest in rows:
+        entry = out.setdefault(name, {s: 0 for s in STATES} | {"oldest_due": None})
+        entry[state] = jobs
+        if oldest is not None:
+            entry["oldest_due"] = oldest
+    return out
+
+
+def _seconds(age: timedelta | None) -> float | None:
+    return None if age is None else round(age.total_seconds(), 3)
+
+
+def render_json(stats: Stats) -> str:
+    """The snapshot as one JSON object: ``queues`` and ``kinds`` (jobs by state and
+    ``oldest_due_seconds``; queues also ``paused``), ``table``, ``oldest_transaction`` and
+    ``warnings``. Times are ISO 8601, ages in seconds."""
+
+    def entries(rows: list[tuple[str, str, int, timedelta | None]]) -> dict[str, Any]:
+        return {
+            name: {s: e[s] for s in STATES} | {"oldest_due_seconds": _seconds(e["oldest_due"])}
+            for name, e in sorted(by_state(rows).items())
+        }
+
+    queues = entries(stats.rows)
+    for name in stats.paused:
+        queues.setdefault(name, {s: 0 for s in STATES} | {"oldest_due_seconds": None})
+    for name, q in queues.items():
+        q["paused"] = stats.paused.get(name) is not None
+    tx = None
+    if stats.oldest_transaction is not None:
+        tx = {k: v for k, v in stats.oldest_transaction.items() if k != "age"}
+        tx["age_seconds"] = _seconds(stats.oldest_transaction.get("age"))
+    out = {
+        "queues": dict(sorted(queues.items())),
+        "kinds": entries(stats.kinds),
+        "table": stats.table,
+        "oldest_transaction": tx,
+        "warnings": stats.warnings,
+    }
+    return json.dumps(out, default=_json_default)
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return str(value)

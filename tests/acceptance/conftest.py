@@ -24,11 +24,19 @@ def effects(clean: Engine) -> Engine:
 
 
 @pytest.fixture
+def ops_effects(effects: Engine) -> Engine:
+    """:func:`effects`, with no queue paused or resumed either (``sqla_jobs_queue`` empty)."""
+    with effects.begin() as conn:
+        conn.execute(text("TRUNCATE sqla_jobs_queue"))
+    return effects
+
+
+@pytest.fixture
 def spawn_worker(migrated_url: str, tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start worker processes on the session database; any still running at the end are killed."""
     started: list[WorkerProcess] = []
 
-    def spawn(*options: str) -> WorkerProcess:
+    def spawn(*options: str, target: str = "tests.acceptance.app:jobs") -> WorkerProcess:
         log_path = tmp_path / f"worker-{len(started)}.log"
         with log_path.open("wb") as log:
             proc = subprocess.Popen(
@@ -37,7 +45,7 @@ def spawn_worker(migrated_url: str, tmp_path: Path) -> Iterator[Callable[..., Wo
                     "-m",
                     "sqla_jobs.cli",
                     "worker",
-                    "tests.acceptance.app:jobs",
+                    target,
                     *options,
                 ],
                 cwd=REPO,

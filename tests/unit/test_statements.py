@@ -42,6 +42,9 @@ KNOWN = {
     "table_health",
     "oldest_transaction",
     "find_job_tables",
+    "list_jobs",
+    "list_queue_states",
+    "stats_by_kind",
 }
 
 
@@ -136,6 +139,7 @@ def test_builders_are_pure_and_compile_to_the_same_sql_every_time(name: str) -> 
         ("cancel_pending", ["SET state='cancelled'", "sqla_jobs_job.state = 'pending'"]),
         ("request_cancel", ["sqla_jobs_job.state = 'running'"]),
         ("stats_by_queue", ["sqla_jobs_job.state = 'pending'"]),
+        ("stats_by_kind", ["sqla_jobs_job.state = 'pending'"]),
     ],
 )
 def test_state_constants_are_sql_literals_not_bound_parameters(
@@ -159,3 +163,21 @@ def test_find_job_tables_resolves_an_unqualified_name_as_the_queue_statements_do
     assert "to_regclass('sqla_jobs_job')" in sql
     assert "current_schema()" not in sql
     assert "FROM pg_class AS c JOIN pg_namespace AS n" in sql
+
+
+def test_the_cli_job_listing_never_reads_payloads_or_errors_and_locks_nothing() -> None:
+    """``sqla-jobs jobs list`` shows no payload (it may hold personal data) and no tracebacks, and
+    an operator's listing must never block a worker's claim."""
+    sql = str(compile_pg(statements.list_jobs()))
+    selected = sql.split("FROM", 1)[0]
+    assert "payload" not in selected
+    assert "errors" not in selected
+    assert "FOR UPDATE" not in sql
+    assert "sqla_jobs_job.meta @> %(meta)s::JSONB" in sql
+
+
+@pytest.mark.parametrize("name", ["list_jobs", "list_queue_states", "stats_by_kind"])
+def test_the_cli_listings_are_reads(name: str) -> None:
+    sql = str(compile_pg(BUILDERS[name]()))
+    assert sql.startswith("SELECT ")
+    assert "FOR UPDATE" not in sql

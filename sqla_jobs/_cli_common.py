@@ -1,0 +1,90 @@
+"""What every ``sqla-jobs`` command shares: the one-line error, the exit codes, the database URL,
+and the checks a command runs before it touches the queue table.
+
+A module of its own so that the command modules (``_cli_ops``, ``_cli_listings``) and ``cli`` all
+import downward from here, never from each other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import psycopg
+
+from ._db import ENV_VAR, libpq_conninfo, redact
+from ._preflight import check_job_table
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_NOT_MIGRATED = 4
+EXIT_STUCK = 5
+#: The jobs named do not exist, or are in a state the command does not apply to: nothing changed.
+EXIT_NOT_APPLICABLE = 6
+EXIT_FORCED = 130
+
+
+class CLIError(Exception):
+    """A one-line error for the user, with its exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def env(name: str, default: str | None = None) -> str | None:
+    """``SQLA_JOBS_<name>`` from the environment."""
+    return os.environ.get(f"SQLA_JOBS_{name}", default)
+
+
+def database_url(args: argparse.Namespace) -> str:
+    """``--database-url``, else ``$DATABASE_URL``; a usage error without either."""
+    url: str | None = getattr(args, "database_url", None) or os.environ.get(ENV_VAR)
+    if not url:
+        raise CLIError(f"no database: set {ENV_VAR} or pass --database-url")
+    return url
+
+
+def check_reachable(url: str) -> None:
+    """Connect once, so an unreachable database is a one-line error rather than a traceback."""
+    try:
+        with psycopg.connect(libpq_conninfo(url), connect_timeout=5) as conn:
+            conn.execute("SELECT 1")
+    except psycopg.OperationalError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CLIError(
+            f"cannot reach the database at {redact(url)}: {first}", EXIT_UNREACHABLE
+        ) from None
+
+
+def schema_hint(schema: str) -> str:
+    """How a command that takes ``--schema`` points at the schema holding the queue table."""
+    return f"run with --schema {schema} (or SQLA_JOBS_SCHEMA={schema})"
+
+
+def prepared_url(args: argparse.Namespace) -> str:
+    """The database URL of a command with ``--database-url`` and ``--schema``, once the database
+    answers and holds a queue table as new as this version needs (else a one-line error)."""
+    url = database_url(args)
+    check_reachable(url)
+    check_job_table(url, getattr(args, "schema", None), schema_hint)
+    return url
+
+
+def add_database_options(
+    parser: argparse.ArgumentParser, *, suppress: bool = False, schema: bool = True
+) -> None:
+    """``--database-url`` and ``--schema``. ``suppress``: on a nested sub-command, so that its
+    unset options do not overwrite what was given before the sub-command's name."""
+    default: object = argparse.SUPPRESS if suppress else None
+    parser.add_argument(
+        "--database-url", default=default, help=f"PostgreSQL URL (default: ${ENV_VAR})"
+    )
+    if schema:
+        parser.add_argument(
+            "--schema",
+            default=argparse.SUPPRESS if suppress else env("SCHEMA"),
+            help="schema of the queue table (env SQLA_JOBS_SCHEMA; default: the search_path)",
+        )
