@@ -1,4 +1,4 @@
-"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``migrate`` and ``demo``.
+"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``migrate``, ``prune`` and ``demo``.
 
 Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 bad usage or
 configuration (including a bad ``MODULE:ATTR``); 3 the database cannot be reached; 4 the database is
@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import psycopg
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
+from ._cli_prune import add_prune_command, add_retention_flags, retention_options
 from ._db import ENV_VAR, libpq_conninfo, redact
 from ._preflight import check_job_table
 from .errors import ConfigurationError, NotMigratedError, SqlaJobsError
@@ -112,6 +113,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         keep_history=args.keep_history,
         prefetch=args.prefetch,
         prepared_statements=not args.no_prepared_statements,
+        **retention_options(args),
     )
     check_reachable(url)
     # Before run_sync: a missing table must stop the worker before it starts any thread.
@@ -253,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=(_env("KEEP_HISTORY", "0") or "0").lower() in ("1", "true", "yes"),
         help="copy finished jobs into sqla_jobs_history (env SQLA_JOBS_KEEP_HISTORY=1)",
     )
+    add_retention_flags(w)
     w.add_argument("--log-level", default=_env("LOG_LEVEL", "INFO"), help="default INFO")
     w.set_defaults(func=cmd_worker)
 
@@ -275,6 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--schema", default=_env("SCHEMA"), help="schema for the queue table")
     m.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
     m.set_defaults(func=cmd_migrate)
+
+    add_prune_command(sub, db, epilog)
 
     d = sub.add_parser("demo", help="a guided tour on a real database (embedded if no URL)")
     db(d)

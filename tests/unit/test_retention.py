@@ -49,5 +49,5 @@ def test_the_default_retention_is_a_day_for_completed_and_cancelled_a_week_for_d
 
 
 def test_a_negative_retention_is_refused() -> None:
-    with pytest.raises(ValueError, match="Retention.dead"):
+    with pytest.raises(ValueError, match=r"Retention\.dead"):
         Retention(dead=timedelta(seconds=-1))

@@ -177,7 +177,7 @@ def test_prune_selects_rows_skip_locked_oldest_first_and_deletes_by_primary_key(
         sql = str(compile_pg(BUILDERS[name]()))
         assert "FOR UPDATE SKIP LOCKED" in sql, sql
         assert ".finished_at < now() - " in sql, sql
-        assert "ORDER BY" in sql and ".finished_at \n LIMIT" in sql, sql
+        assert ".finished_at \n LIMIT" in sql, sql
         assert ".id = any(array((SELECT" in sql, sql
 
 
