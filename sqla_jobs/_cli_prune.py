@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from .errors import ConfigurationError
 from .retention import DEFAULT_RETENTION, FOREVER, Retention, format_duration, parse_duration
 
 #: Terminal states, in the order they are printed.
@@ -60,18 +61,25 @@ def _keep(text: str, flag: str) -> timedelta | None:
 
 
 def _duration(text: str, flag: str) -> timedelta:
-    from .cli import CLIError
-
     try:
         return parse_duration(text)
     except ValueError as exc:
-        raise CLIError(f"{flag}: {exc}") from None
+        raise ConfigurationError(f"{flag}: {exc}") from None
 
 
 def add_prune_command(
-    sub: Any, db: Callable[[argparse.ArgumentParser], None], epilog: str
+    sub: Any,
+    db: Callable[[argparse.ArgumentParser], None],
+    epilog: str,
+    url_of: Callable[[argparse.Namespace], str],
+    check_reachable: Callable[[str], None],
 ) -> argparse.ArgumentParser:
-    """Add ``sqla-jobs prune`` to the subparsers ``sub``; ``db`` adds ``--database-url``."""
+    """Add ``sqla-jobs prune`` to the subparsers ``sub``: ``db`` adds ``--database-url``,
+    ``url_of`` reads the URL from the arguments, ``check_reachable`` raises the CLI's one-line
+    error (exit 3) if the database cannot be reached.
+
+    The CLI's helpers are passed in rather than imported: under ``python -m sqla_jobs.cli`` the
+    command's module is ``__main__``, and an import of ``sqla_jobs.cli`` would be a second copy."""
     p: argparse.ArgumentParser = sub.add_parser(
         "prune",
         help="delete finished jobs older than a duration (what the workers' pruner does)",
@@ -94,29 +102,42 @@ def add_prune_command(
         "--schema", default=os.environ.get("SQLA_JOBS_SCHEMA"), help="schema of the queue table"
     )
     p.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
-    p.set_defaults(func=cmd_prune)
+    p.set_defaults(
+        func=lambda args: cmd_prune(args, lambda: _reachable(args, url_of, check_reachable))
+    )
     return p
 
 
-def cmd_prune(args: argparse.Namespace) -> int:
+def _reachable(
+    args: argparse.Namespace,
+    url_of: Callable[[argparse.Namespace], str],
+    check_reachable: Callable[[str], None],
+) -> str:
+    url = url_of(args)
+    check_reachable(url)
+    return url
+
+
+def cmd_prune(args: argparse.Namespace, database: Callable[[], str]) -> int:
+    """Prune (or count, ``--dry-run``) on the database ``database()`` returns once reachable;
+    print one line per state; 0. Bad input raises :class:`ConfigurationError` (exit 2) before
+    the database is reached."""
     import psycopg
 
     from . import _pruner
     from ._db import libpq_conninfo
     from ._preflight import check_job_table
-    from .cli import EXIT_OK, CLIError, _database_url, check_reachable
 
     if args.older_than is None:
-        raise CLIError("prune needs --older-than DURATION (e.g. --older-than 7d)")
+        raise ConfigurationError("prune needs --older-than DURATION (e.g. --older-than 7d)")
     older_than = _duration(args.older_than, "--older-than")
     states = list(dict.fromkeys(args.state or STATES))
     bad = [s for s in states if s not in STATES]
     if bad:
-        raise CLIError(
+        raise ConfigurationError(
             f"--state {bad[0]!r} is not a finished state: choose from {', '.join(STATES)}"
         )
-    url = _database_url(args)
-    check_reachable(url)
+    url = database()
     check_job_table(
         url,
         args.schema,
@@ -128,10 +149,10 @@ def cmd_prune(args: argparse.Namespace) -> int:
         run = _pruner.count if args.dry_run else _pruner.prune
         counts = run(conn, sql, ages)
     verb = "would prune" if args.dry_run else "pruned"
-    age = format_duration(older_than)
+    age = args.older_than.strip()
     for state in states:
         line = f"{verb} {counts[state]} {state} jobs"
         if state == "completed":
             line += f" and {counts[_pruner.HISTORY]} history rows"
         print(f"{line} finished more than {age} ago")
-    return EXIT_OK
+    return 0

@@ -279,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
     m.set_defaults(func=cmd_migrate)
 
-    add_prune_command(sub, db, epilog)
+    add_prune_command(sub, db, epilog, _database_url, check_reachable)
 
     d = sub.add_parser("demo", help="a guided tour on a real database (embedded if no URL)")
     db(d)

@@ -62,12 +62,14 @@ def parse_duration(text: str) -> timedelta:
 
 
 def format_duration(keep: timedelta | None) -> str:
-    """A duration as :func:`parse_duration` reads it, in its largest whole unit; None: forever."""
+    """A duration as :func:`parse_duration` reads it (``24h``, ``7d``, ``90m``): in days from two
+    days up, else in the largest whole unit; None: forever."""
     if keep is None:
         return FOREVER
     seconds = keep.total_seconds()
-    for unit, size in sorted(_UNITS.items(), key=lambda u: -u[1]):
-        if seconds and seconds % size == 0:
+    for unit in ("d", "h", "m"):
+        size = _UNITS[unit]
+        if seconds and seconds % size == 0 and (unit != "d" or seconds >= 2 * size):
             return f"{seconds / size:g}{unit}"
     return f"{seconds:g}s"
 

@@ -51,3 +51,8 @@ def test_the_default_retention_is_a_day_for_completed_and_cancelled_a_week_for_d
 def test_a_negative_retention_is_refused() -> None:
     with pytest.raises(ValueError, match=r"Retention\.dead"):
         Retention(dead=timedelta(seconds=-1))
+
+
+def test_format_duration_writes_the_defaults_as_the_readme_does() -> None:
+    assert [format_duration(k) for k in Retention().by_state().values()] == ["24h", "7d", "24h"]
+    assert format_duration(None) == "forever"
