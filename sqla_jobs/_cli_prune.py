@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -146,8 +147,11 @@ def cmd_prune(args: argparse.Namespace, database: Callable[[], str]) -> int:
     sql = _pruner.PruneSQL(args.schema)
     ages = {state: (older_than if state in states else None) for state in STATES}
     with psycopg.connect(libpq_conninfo(url), autocommit=True) as conn:
-        run = _pruner.count if args.dry_run else _pruner.prune
-        counts = run(conn, sql, ages)
+        counts = (
+            _pruner.count(conn, sql, ages)
+            if args.dry_run
+            else _pruner.prune(conn, sql, ages, rest=time.sleep)
+        )
     verb = "would prune" if args.dry_run else "pruned"
     age = args.older_than.strip()
     for state in states:

@@ -4,7 +4,8 @@ Every ``interval`` seconds (the first run at a random point of the first interva
 started together do not all try at once) the pruner tries to become *the* pruner of its queue
 table, then deletes what :class:`~sqla_jobs.retention.Retention` no longer keeps: ``completed``,
 ``dead`` and ``cancelled`` rows of ``sqla_jobs_job`` and the rows of ``sqla_jobs_history``, in
-batches of :data:`BATCH` rows, each batch one statement in a transaction of its own (autocommit).
+batches of :data:`BATCH` rows, each batch one statement in a transaction of its own (autocommit),
+resting after each as long as it took (half a core at most, whatever the backlog).
 
 The election is a *session-level* advisory lock (``pg_try_advisory_lock``), taken on the pruner's
 own connection and released when the run ends. A transaction-scoped lock would have to be held
@@ -34,7 +35,7 @@ from datetime import timedelta
 import psycopg
 
 from . import statements
-from ._connections import Conn, Connector, Reconnects, close_quietly, serve
+from ._connections import CONNECTION_ERRORS, Conn, Connector, Reconnects, close_quietly, serve
 from ._sql import compile_statement
 from .model import JobState
 from .retention import Retention
@@ -74,39 +75,52 @@ def prune(
     *,
     batch: int = BATCH,
     stopping: Callable[[], bool] = lambda: False,
+    rest: Callable[[float], object] | None = None,
 ) -> dict[str, int]:
     """Delete the finished jobs older than ``older_than[state]`` (None: keep), batch after batch
     on the autocommit connection ``conn``, until none is left or ``stopping()``; the rows deleted
     per state, and from history (``completed`` only, today) under :data:`HISTORY`.
 
     A ``completed`` row that the application's foreign keys still reference cannot be deleted: it
-    is stepped over for the rest of the run and tried again the next run.
+    is stepped over for the rest of the run and tried again the next run. After each full batch,
+    ``rest`` (if given) is called with the seconds the batch took: the pruner and the command
+    rest that long, so that a large backlog takes at most half of a core from the claims.
     """
     counts: dict[str, int] = {}
     for state, keep in older_than.items():
-        if keep is None:
-            continue
-        counts[state] = _prune_jobs(conn, sql, state, _us(keep), batch, stopping)
-        if state == _COMPLETED:
-            counts[HISTORY] = _drain(
-                conn,
-                sql.prune_history.sql,
-                sql.prune_history.params(outcome=state, older_than_us=_us(keep), limit=batch),
-                batch,
-                stopping,
-            )
+        if keep is not None:
+            counts[state] = _prune_jobs(conn, sql, state, _us(keep), batch, stopping, rest)
+    # History last: a role that may not delete from it (docs/roles.md) still prunes the job table.
+    keep = older_than.get(_COMPLETED)
+    if keep is not None:
+        counts[HISTORY] = _drain(
+            conn,
+            sql.prune_history.sql,
+            sql.prune_history.params(outcome=_COMPLETED, older_than_us=_us(keep), limit=batch),
+            batch,
+            stopping,
+            rest,
+        )
     return counts
 
 
 def _drain(
-    conn: Conn, query: str, params: dict[str, object], batch: int, stopping: Callable[[], bool]
+    conn: Conn,
+    query: str,
+    params: dict[str, object],
+    batch: int,
+    stopping: Callable[[], bool],
+    rest: Callable[[float], object] | None,
 ) -> int:
     total = 0
     while not stopping():
+        t0 = time.perf_counter()
         deleted = conn.execute(query, params).rowcount
         total += deleted
         if deleted < batch:
             break
+        if rest is not None:
+            rest(time.perf_counter() - t0)
     return total
 
 
@@ -117,10 +131,12 @@ def _prune_jobs(
     older_than_us: int,
     batch: int,
     stopping: Callable[[], bool],
+    rest: Callable[[float], object] | None,
 ) -> int:
     skip: list[int] = []
     total = 0
     while not stopping():
+        t0 = time.perf_counter()
         params = sql.prune_jobs.params(
             state=state, older_than_us=older_than_us, limit=batch, skip=skip
         )
@@ -136,6 +152,8 @@ def _prune_jobs(
         total += deleted
         if deleted < batch:
             break
+        if rest is not None:
+            rest(time.perf_counter() - t0)
     if skip:
         log.info(
             "kept %d %s jobs still referenced by a foreign key (first: %d)",
@@ -185,9 +203,10 @@ class Pruner(threading.Thread):
         self._interval = interval
         self._stop_event = threading.Event()
         self._conn: Conn | None = None
-        #: Runs made, runs skipped because another worker held the lock, rows deleted in all.
+        #: Runs made, skipped (another worker held the lock), failed; rows deleted in all.
         self.runs = 0
         self.skipped = 0
+        self.failed = 0
         self.pruned = 0
 
     def stop(self) -> None:
@@ -201,7 +220,22 @@ class Pruner(threading.Thread):
         serve(self._stop_event, self._step, reconnects, close=self._close)
 
     def _step(self) -> float:
-        self.prune_once()
+        try:
+            self.prune_once()
+        except CONNECTION_ERRORS:
+            raise
+        except psycopg.Error as exc:
+            # A refused privilege (a worker role without DELETE on history), a statement timeout:
+            # logged, tried again next interval; the worker itself carries on.
+            self.failed += 1
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning(
+                "prune failed, next try in %gs: %s: %s",
+                self._interval,
+                type(exc).__name__,
+                first,
+                extra={"event": "prune_failed"},
+            )
         return self._interval
 
     def _connection(self) -> Conn:
@@ -224,7 +258,11 @@ class Pruner(threading.Thread):
         t0 = time.perf_counter()
         try:
             counts = prune(
-                conn, self._sql, self._retention.by_state(), stopping=self._stop_event.is_set
+                conn,
+                self._sql,
+                self._retention.by_state(),
+                stopping=self._stop_event.is_set,
+                rest=self._stop_event.wait,
             )
         finally:
             conn.execute(self._sql.unlock.sql, self._sql.unlock.params(**key))
