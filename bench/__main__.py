@@ -22,7 +22,7 @@ from typing import Any
 
 from sqla_jobs._db import database_url, redact
 
-from . import contention, drain, enqueue, latency, memory, mvcc, report, sustained
+from . import contention, drain, enqueue, latency, memory, mvcc, prune, report, sustained
 from .dbs import server_info
 from .figures import Outcome, Row
 from .settings import FULL, QUICK, Context
@@ -35,6 +35,7 @@ MEASUREMENTS: dict[str, Callable[[Context], Outcome]] = {
     "mvcc": mvcc.run,
     "contention": contention.run,
     "memory": memory.run,
+    "prune": prune.run,
     "sustained": sustained.run,
 }
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -44,6 +44,8 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             concurrency=args.loops,
             poll_interval=args.poll,
             batch_size=args.batch_size,
+            # The benchmarks measure pruning on their own (bench/prune.py), never by chance.
+            retention=None,
         )
         errors: list[str] = []
 
@@ -80,7 +82,9 @@ def listen_worker(args: argparse.Namespace) -> dict[str, Any]:
         async def record(payload: Ping, ctx: object) -> None:
             starts[payload.n] = time.time()
 
-        w = Worker(make_jobs(record), args.url, concurrency=4, poll_interval=args.poll)
+        w = Worker(
+            make_jobs(record), args.url, concurrency=4, poll_interval=args.poll, retention=None
+        )
         thread = threading.Thread(
             target=w.run_sync, kwargs={"install_signal_handlers": False}, daemon=True
         )

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
             from sqla_jobs.worker import Worker
 
             prefill("sqla_jobs", url, n)
-            worker = Worker(jobs, url, concurrency=args.concurrency)
+            worker = Worker(jobs, url, concurrency=args.concurrency, retention=None)
 
             def stop_when_empty() -> None:
                 with connect(url) as conn:

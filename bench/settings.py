@@ -29,6 +29,7 @@ class Sizes:
     contention_jobs: int = 60_000
     memory_jobs: int = 100_000
     memory_concurrency: int = 16
+    prune_history: int = 1_000_000
 
 
 FULL = Sizes()
@@ -44,6 +45,7 @@ QUICK = Sizes(
     contention_seconds=1.5,
     contention_jobs=20_000,
     memory_jobs=10_000,
+    prune_history=50_000,
 )
 
 

@@ -31,6 +31,7 @@ from .errors import (
 from .jobs import Jobs
 from .kinds import Kind, KindOptions
 from .model import Job, JobHistory, JobState, QueueState, metadata
+from .retention import Retention
 from .worker import Worker
 
 __all__ = [
@@ -60,6 +61,7 @@ __all__ = [
     "PayloadTooLargeError",
     "QueueState",
     "RegistryError",
+    "Retention",
     "Snooze",
     "SqlaJobsError",
     "StepError",

@@ -10,6 +10,7 @@ from ._connections import Connector
 from .errors import ConfigurationError
 from .jobs import Jobs
 from .kinds import check_name
+from .retention import DEFAULT_RETENTION, Retention
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class WorkerConfig:
     name: str | None = None
     prepared_statements: bool = True
     stuck_grace: float = 60.0
+    #: None: no pruner thread.
+    retention: Retention | None = DEFAULT_RETENTION
+    prune_interval: float = 300.0
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -69,6 +73,8 @@ def check_config(config: WorkerConfig, jobs: Jobs) -> None:
         raise ConfigurationError("lease and poll_interval must be > 0, shutdown_timeout >= 0")
     if config.reap_interval is not None and config.reap_interval <= 0:
         raise ConfigurationError(f"reap_interval must be > 0, got {config.reap_interval}")
+    if config.prune_interval <= 0:
+        raise ConfigurationError(f"prune_interval must be > 0 seconds, got {config.prune_interval}")
     if config.stuck_grace <= 0:
         raise ConfigurationError(f"stuck_grace must be > 0 seconds, got {config.stuck_grace}")
     if config.heartbeat_seconds <= 0 or config.heartbeat_seconds > config.lease / 3:

@@ -1,4 +1,5 @@
-"""The worker's threads: heartbeats, the reaper and the listener, each on its own connection.
+"""The worker's threads: heartbeats, the reaper, the pruner and the listener, each on its own
+connection.
 
 They reach the event loop only through :class:`~sqla_jobs._wakeups.Wakeups` (the listener through
 the hand-off, the heartbeat thread to report lost leases), never through another part's state.
@@ -17,6 +18,7 @@ from ._handoff import Handoff
 from ._holdings import Holdings
 from ._leases import LeaseKeeper
 from ._listener import Listener
+from ._pruner import Pruner
 from ._reaper import Reaper
 from ._sql import WorkerSQL
 from ._wakeups import Wakeups
@@ -34,8 +36,10 @@ def start_threads(
     heartbeats_paused: threading.Event | None,
     cancel_channel: str,
     on_cancel: Callable[[list[int]], None],
-) -> tuple[LeaseKeeper, Reaper, Listener | None]:
-    """Start the heartbeat and reaper threads, and the listener unless ``handoff`` is None
+    schema: str | None = None,
+) -> tuple[LeaseKeeper, Reaper, Pruner | None, Listener | None]:
+    """Start the heartbeat and reaper threads, the pruner unless the configuration keeps every
+    finished job (``retention`` None or all forever), and the listener unless ``handoff`` is None
     (poll-only mode). ``on_cancel`` runs on the event loop with the ids of running jobs an
     operator cancelled, heard on ``cancel_channel`` or from a heartbeat."""
 
@@ -55,6 +59,15 @@ def start_threads(
     leases.start()
     reaper = Reaper(connector=connector, sql=sql, interval=config.reap_seconds, channel=channel)
     reaper.start()
+    pruner = None
+    if config.retention is not None and config.retention.prunes:
+        pruner = Pruner(
+            connector=connector,
+            schema=schema,
+            retention=config.retention,
+            interval=config.prune_interval,
+        )
+        pruner.start()
     listener = None
     if handoff is not None:
         listener = Listener(
@@ -66,10 +79,10 @@ def start_threads(
             on_cancel=cancel_from_thread,
         )
         listener.start()
-    return leases, reaper, listener
+    return leases, reaper, pruner, listener
 
 
-async def stop_thread(thread: LeaseKeeper | Reaper | Listener | None) -> None:
+async def stop_thread(thread: LeaseKeeper | Reaper | Pruner | Listener | None) -> None:
     """Ask ``thread`` to stop and wait for it (at most 10 s), off the event loop."""
     if thread is not None and thread.is_alive():
         thread.stop()

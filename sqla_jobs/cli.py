@@ -1,4 +1,5 @@
-"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``jobs``, ``queues``, ``migrate`` and ``demo``.
+"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``jobs``, ``queues``, ``migrate``, ``prune`` and
+``demo``.
 
 Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 bad usage or
 configuration (including a bad ``MODULE:ATTR``, a bad filter or queue name, a bad log level or log
@@ -37,6 +38,7 @@ from ._cli_common import (
     env,
     prepared_url,
 )
+from ._cli_prune import add_prune_command, add_retention_flags, retention_options
 from ._preflight import check_job_table
 from .errors import (
     ConfigurationError,
@@ -99,6 +101,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         keep_history=args.keep_history,
         prefetch=args.prefetch,
         prepared_statements=not args.no_prepared_statements,
+        **retention_options(args),
     )
     check_reachable(url)
     # Before run_sync: a missing table must stop the worker before it starts any thread.
@@ -235,6 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=(env("KEEP_HISTORY", "0") or "0").lower() in ("1", "true", "yes"),
         help="copy finished jobs into sqla_jobs_history (env SQLA_JOBS_KEEP_HISTORY=1)",
     )
+    add_retention_flags(w)
     w.add_argument(
         "--log-level",
         default=env("LOG_LEVEL", "INFO"),
@@ -276,6 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--schema", default=env("SCHEMA"), help="schema for the queue table")
     m.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
     m.set_defaults(func=cmd_migrate)
+
+    add_prune_command(sub, db, epilog, database_url, check_reachable)
 
     d = sub.add_parser("demo", help="a guided tour on a real database (embedded if no URL)")
     db(d)

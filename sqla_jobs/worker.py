@@ -13,7 +13,8 @@ Where a job goes, from claim to outcome:
 3. :mod:`~sqla_jobs._writes` writes the outcome, fenced on the lease, on the next round trip.
 
 Meanwhile :mod:`~sqla_jobs._leases` renews the leases of everything held, and
-:mod:`~sqla_jobs._reaper` puts the jobs of dead workers back in the queue. Delivery is
+:mod:`~sqla_jobs._reaper` puts the jobs of dead workers back in the queue, and
+:mod:`~sqla_jobs._pruner` deletes finished jobs past their retention. Delivery is
 at-least-once: a job whose worker dies runs again after its lease expires, so handlers must be
 idempotent.
 """
@@ -41,6 +42,7 @@ from ._leases import LeaseKeeper
 from ._listener import Listener
 from ._outcome import HandlerTimeout
 from ._prefetch import Prefetch
+from ._pruner import Pruner
 from ._reaper import Reaper
 from ._services import start_threads, stop_thread
 from ._shutdown import shutdown
@@ -50,6 +52,7 @@ from ._steps import StepWriter
 from ._wakeups import Wakeups
 from .context import ClaimedJob
 from .jobs import Jobs
+from .retention import DEFAULT_RETENTION, Retention
 
 __all__ = ["EXIT_FORCED", "EXIT_STUCK", "HandlerTimeout", "Worker"]
 
@@ -79,6 +82,10 @@ class Worker:
     or SIGINT under :meth:`run_sync`) stops claiming at once, lets running handlers finish for up
     to ``shutdown_timeout`` seconds, and gives back the jobs of those that did not (not counted as
     a failure or a crash; the next run sees ``ctx.interruptions``).
+
+    Finished jobs are pruned as ``retention`` says (default :class:`Retention`: completed and
+    cancelled jobs kept 24 hours, dead ones 7 days; None: never), every ``prune_interval`` seconds
+    by one worker at a time across all machines (:mod:`~sqla_jobs._pruner`).
     """
 
     def __init__(
@@ -100,6 +107,8 @@ class Worker:
         name: str | None = None,
         prepared_statements: bool = True,
         stuck_grace: float = 60.0,
+        retention: Retention | None = DEFAULT_RETENTION,
+        prune_interval: float = 300.0,
         seams: WorkerSeams | None = None,
     ) -> None:
         if queues is None:
@@ -119,6 +128,8 @@ class Worker:
             name=name,
             prepared_statements=prepared_statements,
             stuck_grace=stuck_grace,
+            retention=retention,
+            prune_interval=prune_interval,
         )
         check_config(self.config, jobs)
         self.jobs = jobs
@@ -145,6 +156,7 @@ class Worker:
         self.started = threading.Event()
         self.leases: LeaseKeeper | None = None
         self.reaper: Reaper | None = None
+        self.pruner: Pruner | None = None
         self.listener: Listener | None = None
         self.lanes: Lanes | None = None
         self.handoff: Handoff | None = None
@@ -215,7 +227,7 @@ class Worker:
             log.exception("worker %s crashed", self.name, extra={"event": "crashed"})
             raise
         finally:
-            for thread in (self.listener, self.reaper, self.leases):
+            for thread in (self.listener, self.pruner, self.reaper, self.leases):
                 await stop_thread(thread)
             await self.lanes.close()
             self._slots.close()
@@ -277,7 +289,7 @@ class Worker:
 
     def _start_threads(self) -> None:
         assert self.wakeups is not None
-        self.leases, self.reaper, self.listener = start_threads(
+        self.leases, self.reaper, self.pruner, self.listener = start_threads(
             connector=self.connector,
             sql=self._sql,
             config=self.config,
@@ -288,6 +300,7 @@ class Worker:
             heartbeats_paused=self._seams.heartbeats_paused,
             cancel_channel=self.jobs.cancel_channel,
             on_cancel=self._slots.cancel,
+            schema=self.jobs.schema,
         )
 
     def _on_signal(self, sig: int) -> None:

@@ -45,6 +45,12 @@ KNOWN = {
     "list_jobs",
     "list_queue_states",
     "stats_by_kind",
+    "prune_jobs",
+    "count_prunable_jobs",
+    "prune_history",
+    "count_prunable_history",
+    "try_lock_pruner",
+    "unlock_pruner",
 }
 
 
@@ -140,6 +146,9 @@ def test_builders_are_pure_and_compile_to_the_same_sql_every_time(name: str) -> 
         ("request_cancel", ["sqla_jobs_job.state = 'running'"]),
         ("stats_by_queue", ["sqla_jobs_job.state = 'pending'"]),
         ("stats_by_kind", ["sqla_jobs_job.state = 'pending'"]),
+        # Retention: the finished index's predicate as literals (one outcome is then bound).
+        ("prune_jobs", ["sqla_jobs_job.state IN ('completed', 'dead', 'cancelled')"]),
+        ("count_prunable_jobs", ["sqla_jobs_job.state IN ('completed', 'dead', 'cancelled')"]),
     ],
 )
 def test_state_constants_are_sql_literals_not_bound_parameters(
@@ -151,7 +160,9 @@ def test_state_constants_are_sql_literals_not_bound_parameters(
         assert fragment in sql
     bound_values = {v for v in compiled.params.values() if isinstance(v, str)}
     assert not bound_values & set(STATES), f"a state is a bound parameter in {name}: {sql}"
-    # No parameter compares or assigns the state column either.
+    # No parameter compares or assigns the state column either (retention binds the one outcome
+    # it prunes beside the literal predicate, which is what the partial index needs).
+    sql = sql.replace("sqla_jobs_job.state = %(state)s", "")
     assert "state = %(" not in sql
     assert "state=%(" not in sql
 
@@ -181,3 +192,17 @@ def test_the_cli_listings_are_reads(name: str) -> None:
     sql = str(compile_pg(BUILDERS[name]()))
     assert sql.startswith("SELECT ")
     assert "FOR UPDATE" not in sql
+
+
+def test_prune_selects_rows_skip_locked_oldest_first_and_deletes_by_primary_key() -> None:
+    for name in ("prune_jobs", "prune_history"):
+        sql = str(compile_pg(BUILDERS[name]()))
+        assert "FOR UPDATE SKIP LOCKED" in sql, sql
+        assert ".finished_at < now() - " in sql, sql
+        assert ".finished_at \n LIMIT" in sql, sql
+        assert ".id = any(array((SELECT" in sql, sql
+
+
+def test_the_pruner_lock_is_two_key_in_the_package_namespace_and_never_waits() -> None:
+    sql = str(compile_pg(statements.try_lock_pruner()))
+    assert f"pg_try_advisory_lock({statements.ADVISORY_NAMESPACE}, hashtext(" in sql
