@@ -150,7 +150,7 @@ def cmd_prune(args: argparse.Namespace, database: Callable[[], str]) -> int:
         counts = (
             _pruner.count(conn, sql, ages)
             if args.dry_run
-            else _pruner.prune(conn, sql, ages, rest=time.sleep)
+            else _pruner.prune(conn, sql, ages, rest=lambda took: time.sleep(took * _pruner.REST))
         )
     verb = "would prune" if args.dry_run else "pruned"
     age = args.older_than.strip()

@@ -90,9 +90,11 @@ def _targets(
         raise JobNotFoundError(f"no job with id {_list(missing)}: nothing changed", missing)
     wrong = {r[0]: r[1] for r in rows if r[1] not in allowed}
     if wrong:
-        states = ", ".join(f"{i} is {s}" for i, s in sorted(wrong.items()))
+        states = ", ".join(f"job {i} is {s}" for i, s in sorted(wrong.items()))
         raise JobStateError(
-            f"cannot {what} job {states} (only {', '.join(allowed)} jobs): nothing changed", wrong
+            f"cannot {what}: {states} ({what} applies to {', '.join(allowed)} jobs): "
+            "nothing changed",
+            wrong,
         )
     return rows
 

@@ -5,7 +5,8 @@ started together do not all try at once) the pruner tries to become *the* pruner
 table, then deletes what :class:`~sqla_jobs.retention.Retention` no longer keeps: ``completed``,
 ``dead`` and ``cancelled`` rows of ``sqla_jobs_job`` and the rows of ``sqla_jobs_history``, in
 batches of :data:`BATCH` rows, each batch one statement in a transaction of its own (autocommit),
-resting after each as long as it took (half a core at most, whatever the backlog).
+resting after each :data:`REST` times as long as it took (a fifth of a core at most, whatever the
+backlog: retention is background work, and the claims come first).
 
 The election is a *session-level* advisory lock (``pg_try_advisory_lock``), taken on the pruner's
 own connection and released when the run ends. A transaction-scoped lock would have to be held
@@ -41,6 +42,9 @@ from .model import JobState
 from .retention import Retention
 
 log = logging.getLogger("sqla_jobs.worker")
+
+#: After each batch the pruner rests this many times as long as the batch took.
+REST = 4.0
 
 #: Rows deleted per statement: each batch is a short transaction, whatever the backlog.
 BATCH = 1000
@@ -84,7 +88,8 @@ def prune(
     A ``completed`` row that the application's foreign keys still reference cannot be deleted: it
     is stepped over for the rest of the run and tried again the next run. After each full batch,
     ``rest`` (if given) is called with the seconds the batch took: the pruner and the command
-    rest that long, so that a large backlog takes at most half of a core from the claims.
+    rest :data:`REST` times that long, so that a large backlog takes at most a fifth of a core
+    from the claims.
     """
     counts: dict[str, int] = {}
     for state, keep in older_than.items():
@@ -262,7 +267,7 @@ class Pruner(threading.Thread):
                 self._sql,
                 self._retention.by_state(),
                 stopping=self._stop_event.is_set,
-                rest=self._stop_event.wait,
+                rest=lambda took: self._stop_event.wait(took * REST),
             )
         finally:
             conn.execute(self._sql.unlock.sql, self._sql.unlock.params(**key))

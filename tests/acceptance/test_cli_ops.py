@@ -217,8 +217,8 @@ def test_jobs_retry_all_dead_takes_only_the_dead_jobs_of_the_filters(
 @pytest.mark.parametrize(
     ("command", "state", "fragment"),
     [
-        ("retry", "running", "cannot retry job {id} is running"),
-        ("cancel", "dead", "cannot cancel job {id} is dead"),
+        ("retry", "running", "cannot retry: job {id} is running"),
+        ("cancel", "dead", "cannot cancel: job {id} is dead"),
         ("retry", "unknown", "no job with id 999999"),
         ("cancel", "unknown", "no job with id 999999"),
     ],

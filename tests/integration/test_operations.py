@@ -104,7 +104,7 @@ def test_an_unknown_id_or_a_running_job_changes_nothing_and_leaves_the_transacti
     with Session(clean) as session, session.begin():
         with pytest.raises(JobNotFoundError, match="no job with id 999999999: nothing changed"):
             jobs.retry(session, [dead, 999999999])
-        with pytest.raises(JobStateError, match=f"cannot retry job {busy} is running"):
+        with pytest.raises(JobStateError, match=f"cannot retry: job {busy} is running"):
             jobs.retry(session, [dead, busy])
         assert session.execute(text("SELECT 1")).scalar() == 1, "the transaction is usable"
     assert state(clean, dead) == "dead"
