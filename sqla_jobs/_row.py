@@ -50,6 +50,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("max_crashes", "max_crashes", BigInteger(), "int"),
     Column("concurrency_key", "concurrency_keys", Text(), "text", nullable=True),
     Column("concurrency_limit", "concurrency_limits", BigInteger(), "int", nullable=True),
+    Column("meta", "metas", Text(), "json", json=True, nullable=True),
 )
 NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 
@@ -67,6 +68,8 @@ class Prepared:
     max_crashes: int
     concurrency_key: str | None
     concurrency_limit: int | None
+    #: The JSON text of the job's ``meta`` object; None when it has none (SQL NULL).
+    meta: str | None = None
 
     def values(self) -> list[Any]:
         """The row's values, in :data:`COLUMNS` order."""

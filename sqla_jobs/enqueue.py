@@ -111,7 +111,8 @@ def _attach(session: Session, job: Prepared, filled: Row[Any]) -> Job:
     obj = _JOB_MAPPER.class_manager.new_instance()
     values = job.values()
     for i in _JSON_AT:
-        values[i] = json.loads(values[i])
+        if values[i] is not None:
+            values[i] = json.loads(values[i])
     state = obj.__dict__
     state.update(zip(_FILLED_KEYS, filled, strict=True))
     state.update(zip(_row.NAMES, values, strict=True))

@@ -67,6 +67,12 @@ class InvalidTextError(EnqueueError):
         self.field = field
 
 
+class InvalidMetaError(EnqueueError):
+    """A job's ``meta`` is not a JSON object
+    of string keys that JSON can store as is, or is larger than 8 KiB once serialized
+    (:data:`sqla_jobs.validate.MAX_META_BYTES`)."""
+
+
 class DatabaseURLError(SqlaJobsError):
     """A database URL that cannot be used (wrong scheme, unparseable)."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
@@ -82,6 +82,7 @@ class Jobs(Operations, Registry):
         queue: str | None = ...,
         max_attempts: int | None = ...,
         concurrency_key: str | None = ...,
+        meta: Mapping[str, Any] | None = ...,
     ) -> Job: ...
 
     @overload
@@ -97,6 +98,7 @@ class Jobs(Operations, Registry):
         queue: str | None = ...,
         max_attempts: int | None = ...,
         concurrency_key: str | None = ...,
+        meta: Mapping[str, Any] | None = ...,
     ) -> Job: ...
 
     def enqueue(
@@ -111,6 +113,7 @@ class Jobs(Operations, Registry):
         queue: str | None = None,
         max_attempts: int | None = None,
         concurrency_key: str | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> Job:
         """Add a job to ``session``'s transaction and return it, flushed (its ``id`` is set).
 
@@ -120,11 +123,16 @@ class Jobs(Operations, Registry):
         call, discards it). Workers are woken by a NOTIFY that Postgres delivers only at commit, sent
         at most once per queue per transaction and never carrying the payload. ``delay`` is added
         to the database clock; ``run_at`` must be timezone-aware. ``concurrency_key`` overrides the
-        kind's key function (the kind must declare a ``concurrency_limit``). On bad input an
-        :class:`EnqueueError` subclass is raised before any SQL runs: nothing is written and the
-        transaction stays usable.
+        kind's key function (the kind must declare a ``concurrency_limit``). ``meta`` is the job's
+        tags and context, stored in its ``meta`` column (jsonb) and never read by a claim: a
+        mapping of str keys to JSON values, at most 8 KiB serialized (an
+        :class:`~sqla_jobs.InvalidMetaError` otherwise).
+        On bad input an :class:`EnqueueError` subclass is raised before any SQL runs: nothing is
+        written and the transaction stays usable.
         """
-        prepared = self._prepare(payload, data, priority, queue, max_attempts, concurrency_key)
+        prepared = self._prepare(
+            payload, data, priority, queue, max_attempts, concurrency_key, meta
+        )
         when, after = _validate.schedule(delay, run_at)
         return _enqueue.enqueue(
             session, prepared, when, after, schema=self.schema, channel=self.channel
@@ -140,6 +148,7 @@ class Jobs(Operations, Registry):
         priority: int | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        meta: _validate.MetaArg = None,
     ) -> list[int]:
         """Add many jobs to ``session``'s transaction; return their ids in order.
 
@@ -147,10 +156,13 @@ class Jobs(Operations, Registry):
         none of them. Payloads may be of different kinds. From 64 payloads on, the rows go by COPY,
         and past the first 1,024 they are validated while the server stores the ones before them,
         inside a savepoint that a bad one rolls back (see :func:`sqla_jobs.enqueue.enqueue_many`).
+        ``meta`` is one mapping for every job (checked and serialized once), or a sequence of one
+        mapping (or None) per payload; each is checked as :meth:`enqueue`'s ``meta`` is, all before
+        any SQL runs.
         """
         when, after = _validate.schedule(delay, run_at)
         items = payloads if isinstance(payloads, list) else list(payloads)
-        chunks = self._prepare_chunks(items, priority, queue, max_attempts)
+        chunks = self._prepare_chunks(items, priority, queue, max_attempts, meta)
         return _enqueue.enqueue_many(
             session, len(items), chunks, when, after, schema=self.schema, channel=self.channel
         )
@@ -167,9 +179,12 @@ class Jobs(Operations, Registry):
         queue: str | None = None,
         max_attempts: int | None = None,
         concurrency_key: str | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> Job:
         """:meth:`enqueue` for an ``AsyncSession``, with the same guarantees."""
-        prepared = self._prepare(payload, data, priority, queue, max_attempts, concurrency_key)
+        prepared = self._prepare(
+            payload, data, priority, queue, max_attempts, concurrency_key, meta
+        )
         when, after = _validate.schedule(delay, run_at)
         return await _enqueue.enqueue_async(
             session, prepared, when, after, schema=self.schema, channel=self.channel
@@ -185,11 +200,12 @@ class Jobs(Operations, Registry):
         priority: int | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        meta: _validate.MetaArg = None,
     ) -> list[int]:
         """:meth:`enqueue_many` for an ``AsyncSession``, with the same guarantees."""
         when, after = _validate.schedule(delay, run_at)
         items = payloads if isinstance(payloads, list) else list(payloads)
-        chunks = self._prepare_chunks(items, priority, queue, max_attempts)
+        chunks = self._prepare_chunks(items, priority, queue, max_attempts, meta)
         return await _enqueue.enqueue_many_async(
             session, len(items), chunks, when, after, schema=self.schema, channel=self.channel
         )
@@ -201,9 +217,10 @@ class Jobs(Operations, Registry):
         priority: int | None,
         queue: str | None,
         max_attempts: int | None,
-        concurrency_key: str | None = None,
+        concurrency_key: str | None,
+        meta: Mapping[str, Any] | None,
     ) -> _validate.Prepared:
-        return _validate.prepare(
+        prepared = _validate.prepare(
             self,
             payload,
             data,
@@ -212,7 +229,9 @@ class Jobs(Operations, Registry):
             priority=priority,
             max_attempts=max_attempts,
             concurrency_key=concurrency_key,
+            meta=meta,
         )
+        return prepared
 
     def _prepare_chunks(
         self,
@@ -220,8 +239,9 @@ class Jobs(Operations, Registry):
         priority: int | None,
         queue: str | None,
         max_attempts: int | None,
+        meta: _validate.MetaArg,
     ) -> Iterator[_validate.Batch]:
-        return _validate.prepare_chunks(
+        chunks = _validate.prepare_chunks(
             self,
             payloads,
             size=_enqueue.CHUNK,
@@ -229,4 +249,6 @@ class Jobs(Operations, Registry):
             queue=queue,
             priority=priority,
             max_attempts=max_attempts,
+            meta=meta,
         )
+        return chunks

@@ -146,9 +146,9 @@ def insert_job() -> AnyInsert:
     interruptions, created_at).
 
     Parameters: queue, kind, payload (JSON text), priority, max_attempts, max_crashes,
-    concurrency_key and concurrency_limit (both NULL for an unkeyed job), and either run_at (aware
-    datetime) or delay_us (microseconds, added to the database's ``now()``). Locks nothing
-    beyond the new row.
+    concurrency_key and concurrency_limit (both NULL for an unkeyed job), meta (JSON text or NULL),
+    and either run_at (aware datetime) or delay_us (microseconds, added to the database's
+    ``now()``). Locks nothing beyond the new row.
     """
     return _insert_values().returning(*FILLED_COLUMNS)
 
@@ -190,7 +190,8 @@ def insert_jobs() -> AnyInsert:
     """Insert many jobs in one statement from parallel arrays (``unnest``); returns their ids.
 
     Parameters: arrays of equal length queues, kinds, payloads (JSON text), priorities,
-    max_attempts, max_crashes, concurrency_keys, concurrency_limits; and one run_at or delay_us for
+    max_attempts, max_crashes, concurrency_keys, concurrency_limits, metas (JSON text or NULL);
+    and one run_at or delay_us for
     all, as in :func:`insert_job`. One round trip whatever the count, and no 65,535-parameter
     limit, because each column is one array.
     """
