@@ -13,6 +13,7 @@ from . import enqueue as _enqueue
 from . import validate as _validate
 from ._jobs_ops import Operations
 from .errors import ConfigurationError
+from .hooks import Hooks
 from .kinds import H, Handler, Kind, Registry, check_name
 from .model import Job, cancel_channel, notify_channel
 
@@ -27,7 +28,8 @@ class Jobs(Operations, Registry):
 
     ``schema`` names the schema that holds the queue table (default: the connection's
     ``search_path``); it must match the schema the migrations ran in. ``max_payload_bytes`` bounds the
-    serialized payload (keep big data in your own tables and enqueue its id).
+    serialized payload (keep big data in your own tables and enqueue its id). ``hooks`` holds the
+    enqueue and worker hooks (:class:`~sqla_jobs.hooks.Hooks`).
     """
 
     def __init__(
@@ -47,6 +49,8 @@ class Jobs(Operations, Registry):
         self.channel = notify_channel(schema)
         #: The channel that tells them which running jobs were cancelled.
         self.cancel_channel = cancel_channel(schema)
+        #: Enqueue hooks, middleware and outcome hooks (:class:`~sqla_jobs.hooks.Hooks`).
+        self.hooks = Hooks()
 
     # -- registration (see Registry.register / Registry.kind) ---------------------------------
 
@@ -126,7 +130,7 @@ class Jobs(Operations, Registry):
         kind's key function (the kind must declare a ``concurrency_limit``). ``meta`` is the job's
         tags and context, stored in its ``meta`` column (jsonb) and never read by a claim: a
         mapping of str keys to JSON values, at most 8 KiB serialized (an
-        :class:`~sqla_jobs.InvalidMetaError` otherwise).
+        :class:`~sqla_jobs.InvalidMetaError` otherwise); the ``on_enqueue`` hooks may add to it.
         On bad input an :class:`EnqueueError` subclass is raised before any SQL runs: nothing is
         written and the transaction stays usable.
         """
@@ -231,6 +235,9 @@ class Jobs(Operations, Registry):
             concurrency_key=concurrency_key,
             meta=meta,
         )
+        # The hooks' one call site on the single path: nothing to do without a hook.
+        if self.hooks.enqueue_hooks:
+            prepared = self.hooks._enqueue_one(prepared)
         return prepared
 
     def _prepare_chunks(
@@ -251,4 +258,8 @@ class Jobs(Operations, Registry):
             max_attempts=max_attempts,
             meta=meta,
         )
+        # The hooks' one call site on the bulk paths (INSERT and COPY): once per chunk, as the
+        # chunk is validated; nothing to do without a hook.
+        if self.hooks.enqueue_hooks:
+            chunks = self.hooks._enqueue_chunks(chunks)
         return chunks
