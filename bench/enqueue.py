@@ -78,6 +78,7 @@ def session_insert_floor(url: str, n: int) -> float:
         "max_crashes": 3,
         "concurrency_key": None,
         "concurrency_limit": None,
+        "meta": None,
         "channel": notify_channel(None),
         "queue_name": "default",
     }
@@ -133,7 +134,9 @@ def bulk_table_floor(url: str, n: int) -> float:
             assert row is not None
             with cur.copy(copy_sql) as copy:
                 for p in payloads:
-                    copy.write_row(("default", KIND, json.dumps(p), 0, 10, 3, None, None, row[0]))
+                    copy.write_row(
+                        ("default", KIND, json.dumps(p), 0, 10, 3, None, None, None, row[0])
+                    )
         conn.commit()
         return n / (time.perf_counter() - t0)
 
