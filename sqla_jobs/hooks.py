@@ -59,9 +59,11 @@ class EnqueueBatch:
     ``meta=`` is (:class:`~sqla_jobs.InvalidMetaError`) before any SQL runs.
     """
 
-    __slots__ = ("_metas", "_shared", "_texts", "kinds", "queues")
+    __slots__ = ("_first", "_metas", "_shared", "_texts", "kinds", "queues")
 
-    def __init__(self, kinds: list[str], queues: list[str], texts: list[str | None]) -> None:
+    def __init__(
+        self, kinds: list[str], queues: list[str], texts: list[str | None], first: int = 0
+    ) -> None:
         #: Each job's kind name.
         self.kinds = kinds
         #: Each job's queue.
@@ -69,6 +71,8 @@ class EnqueueBatch:
         self._texts = texts
         self._shared: dict[str, Any] = {}
         self._metas: list[dict[str, Any]] | None = None
+        #: The position of the batch's first job in the enqueue call (for error messages).
+        self._first = first
 
     def __len__(self) -> int:
         return len(self.kinds)
@@ -99,7 +103,9 @@ class EnqueueBatch:
         if self._metas is not None:
             return [
                 None if t is None and not m else meta_json(m, f"meta of job {i} after on_enqueue")
-                for i, (t, m) in enumerate(zip(self._texts, self._metas, strict=True))
+                for i, (t, m) in enumerate(
+                    zip(self._texts, self._metas, strict=True), start=self._first
+                )
             ]
         shared = self._shared
         if not shared:
@@ -210,15 +216,17 @@ class Hooks:
 
     def _enqueue_chunks(self, chunks: Iterator[Batch]) -> Iterator[Batch]:
         """``chunks`` with the on_enqueue hooks applied to each as it is asked for."""
+        first = 0
         for batch in chunks:
-            texts = self._apply(batch)
+            texts = self._apply(batch, first)
             if texts is not None:
                 batch.columns[_META_AT] = texts
+            first += len(batch)
             yield batch
 
-    def _apply(self, batch: Batch) -> list[str | None] | None:
+    def _apply(self, batch: Batch, first: int = 0) -> list[str | None] | None:
         view = EnqueueBatch(
-            batch.columns[_KIND_AT], batch.columns[_QUEUE_AT], batch.columns[_META_AT]
+            batch.columns[_KIND_AT], batch.columns[_QUEUE_AT], batch.columns[_META_AT], first
         )
         for hook in self.enqueue_hooks:
             try:
