@@ -67,7 +67,9 @@ def session_insert_floor(url: str, n: int) -> float:
     :func:`single_sqla`, sending the enqueue's own INSERT (with its NOTIFY) as precompiled SQL
     through ``exec_driver_sql``, with no validation, no compile and no ``Job`` built. What is left
     over the raw INSERT+COMMIT is the Session and SQLAlchemy's execute path around one write."""
-    sql = str(statements.insert_job_and_notify().compile(dialect=postgresql.psycopg.dialect()))
+    # What enqueue sends for a job without meta.
+    lean = statements.insert_job_and_notify(lean=True)
+    sql = str(lean.compile(dialect=postgresql.psycopg.dialect()))
     params = {
         "queue": "default",
         "kind": KIND,
@@ -78,7 +80,6 @@ def session_insert_floor(url: str, n: int) -> float:
         "max_crashes": 3,
         "concurrency_key": None,
         "concurrency_limit": None,
-        "meta": None,
         "channel": notify_channel(None),
         "queue_name": "default",
     }

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from sqla_jobs import EnqueueError, InvalidMetaError, Jobs
+from sqla_jobs import EnqueueError, InvalidMetaError, Jobs, _row
 from sqla_jobs._db import sqlalchemy_url
 from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD
 from sqla_jobs.validate import MAX_META_BYTES
@@ -52,6 +52,31 @@ def test_enqueue_stores_meta_and_returns_it_on_the_job(clean: Engine) -> None:
         ids = [job.id, plain.id]
         session.commit()
     assert stored_metas(clean, ids) == [meta, None]
+
+
+def test_an_enqueue_without_meta_sends_no_meta_parameter(clean: Engine) -> None:
+    """The single INSERT leaves the optional meta column out when the job has none (its NULL
+    parameter was a measurable cost), and sends it when it has one."""
+    assert _row.OPTIONAL == ("meta",), "enqueue's lean INSERT tests job.meta alone"
+    sent: list[str] = []
+    listen = event.listens_for(clean, "before_cursor_execute")
+
+    @listen
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "INSERT INTO sqla_jobs_job" in statement:
+            sent.append(statement)
+
+    try:
+        with Session(clean) as session:
+            plain = JOBS.enqueue(session, Ping(n=1))
+            tagged = JOBS.enqueue(session, Ping(n=2), meta={"a": 1})
+            assert (plain.meta, tagged.meta) == (None, {"a": 1})
+            ids = [plain.id, tagged.id]
+            session.commit()
+    finally:
+        event.remove(clean, "before_cursor_execute", record)
+    assert ["meta" in s for s in sent] == [False, True]
+    assert stored_metas(clean, ids) == [None, {"a": 1}]
 
 
 @pytest.mark.parametrize("size", SIZES)
