@@ -67,7 +67,9 @@ def session_insert_floor(url: str, n: int) -> float:
     :func:`single_sqla`, sending the enqueue's own INSERT (with its NOTIFY) as precompiled SQL
     through ``exec_driver_sql``, with no validation, no compile and no ``Job`` built. What is left
     over the raw INSERT+COMMIT is the Session and SQLAlchemy's execute path around one write."""
-    sql = str(statements.insert_job_and_notify().compile(dialect=postgresql.psycopg.dialect()))
+    # What enqueue sends for a job without meta.
+    lean = statements.insert_job_and_notify(lean=True)
+    sql = str(lean.compile(dialect=postgresql.psycopg.dialect()))
     params = {
         "queue": "default",
         "kind": KIND,
@@ -133,7 +135,9 @@ def bulk_table_floor(url: str, n: int) -> float:
             assert row is not None
             with cur.copy(copy_sql) as copy:
                 for p in payloads:
-                    copy.write_row(("default", KIND, json.dumps(p), 0, 10, 3, None, None, row[0]))
+                    copy.write_row(
+                        ("default", KIND, json.dumps(p), 0, 10, 3, None, None, None, row[0])
+                    )
         conn.commit()
         return n / (time.perf_counter() - t0)
 

@@ -12,6 +12,8 @@ from .errors import (
     ConfigurationError,
     DatabaseURLError,
     EnqueueError,
+    EnqueueHookError,
+    InvalidMetaError,
     InvalidOptionError,
     InvalidPayloadError,
     InvalidQueueNameError,
@@ -28,6 +30,7 @@ from .errors import (
     StepError,
     UnknownKindError,
 )
+from .hooks import EnqueueBatch, Hooks, OutcomeEvent
 from .jobs import Jobs
 from .kinds import Kind, KindOptions
 from .model import Job, JobHistory, JobState, QueueState, metadata
@@ -40,7 +43,11 @@ __all__ = [
     "ConfigurationError",
     "DatabaseURLError",
     "Discard",
+    "EnqueueBatch",
     "EnqueueError",
+    "EnqueueHookError",
+    "Hooks",
+    "InvalidMetaError",
     "InvalidOptionError",
     "InvalidPayloadError",
     "InvalidQueueNameError",
@@ -58,6 +65,7 @@ __all__ = [
     "KindOptions",
     "LeaseLostError",
     "OperationError",
+    "OutcomeEvent",
     "PayloadTooLargeError",
     "QueueState",
     "RegistryError",

@@ -37,6 +37,15 @@ def _json(values: list[str]) -> list[str]:
     return values
 
 
+def _json_or_null(values: list[str | None]) -> list[str]:
+    # Most batches have no meta at all: one count, no per-value work.
+    if values.count(None) == len(values):
+        return [NULL] * len(values)
+    texts = _json([v for v in values if v is not None])
+    it = iter(texts)
+    return [NULL if v is None else next(it) for v in values]
+
+
 def _text(values: list[str | None]) -> list[str]:
     if values.count(None) == len(values):
         return [NULL] * len(values)
@@ -55,7 +64,7 @@ def _formatter(column: Column) -> Callable[[list[Any]], list[Any]]:
     """How a column's values are written: names as they are (checked against ``NAME_RE``), numbers
     by ``%s``, JSON and free text escaped, NULL as ``\\N``."""
     if column.copy_as == "json":
-        return _json
+        return _json_or_null if column.nullable else _json
     if column.copy_as == "text":
         return _text
     if column.copy_as == "int" and column.nullable:

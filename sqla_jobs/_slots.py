@@ -13,6 +13,8 @@ is reaped once the process is gone.
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import logging
 import time
@@ -25,6 +27,7 @@ from ._prefetch import Prefetch
 from ._threads import SyncRunners
 from ._wakeups import Wakeups
 from .context import ClaimedJob, JobContext, Recorder, Snooze
+from .hooks import run_middleware
 from .jobs import Jobs
 from .kinds import Kind
 
@@ -124,24 +127,34 @@ class Slots:
         self._holdings.running[job.id] = (job, ctx, task)
         started = time.monotonic()
         outcome: Outcome | None = None
+        error: BaseException | None = None
+        hooks = self._jobs.hooks
         try:
             if not ready:
                 outcome = resolved  # type: ignore[assignment]
             else:
                 kind, args = resolved  # type: ignore[misc]
                 try:
-                    await self._call(kind, args, job, ctx)
+                    if hooks.middlewares:
+                        # Hook call site: the chain around the call; skipped (one test) without.
+                        call = functools.partial(self._call, kind, args, job, ctx, True)
+                        await run_middleware(hooks.middlewares, ctx, call)
+                    else:
+                        await self._call(kind, args, job, ctx)
                     outcome = Outcome(job)
                 except asyncio.CancelledError as exc:
                     if exc.args != (_CANCEL,):
                         raise  # at the shutdown timeout: no outcome; the job is given back
+                    error = exc
                     outcome = cancelled(job, "the handler was cancelled")
                     uncancel = getattr(task, "uncancel", None)  # Python 3.11+
                     if uncancel is not None:
                         uncancel()
                 except Snooze as exc:
+                    error = exc
                     outcome = snoozed(job, exc)
                 except Exception as exc:
+                    error = exc
                     if job.id in self._holdings.cancelling:
                         outcome = cancelled(job, f"the handler stopped: {describe(exc)}")
                     else:
@@ -158,6 +171,8 @@ class Slots:
                 wakeups.undrain()
             if wakeups.stopping or self.loop_has_work():
                 wakeups.event.set()
+            if outcome is not None and hooks.outcome_hooks:
+                hooks._report(outcome, error)  # hook call site; never raises
 
     def cancel(self, ids: Iterable[int]) -> None:
         """An operator asked to cancel the jobs ``ids``: each one this worker runs is told
@@ -174,11 +189,19 @@ class Slots:
             kind = self._jobs.kind_named(job.kind)
             if task is not None and kind is not None and self._is_async.get(kind.handler):
                 task.cancel(_CANCEL)
+        hooks = self._jobs.hooks
         for job in holdings.cancel_unstarted(ids):
-            holdings.finish(cancelled(job, "cancelled before it started"), time.monotonic())
+            outcome = cancelled(job, "cancelled before it started")
+            holdings.finish(outcome, time.monotonic())
+            if hooks.outcome_hooks:
+                hooks._report(outcome, None)  # hook call site; never raises
         self._wakeups.event.set()
 
-    async def _call(self, kind: Kind, args: Any, job: ClaimedJob, ctx: JobContext) -> None:
+    async def _call(
+        self, kind: Kind, args: Any, job: ClaimedJob, ctx: JobContext, wrapped: bool = False
+    ) -> None:
+        """Run the handler (``wrapped``: inside middleware, whose context variables a sync
+        handler's thread then gets too)."""
         handler = kind.handler
         assert handler is not None
         is_async = self._is_async.get(handler)
@@ -199,7 +222,10 @@ class Slots:
                 self._runners = SyncRunners(
                     asyncio.get_running_loop(), self._concurrency, "sqla-jobs-handler"
                 )
-            future = self._runners.submit(handler, args, ctx)
+            if wrapped:
+                future = self._runners.submit(contextvars.copy_context().run, handler, args, ctx)
+            else:
+                future = self._runners.submit(handler, args, ctx)
             try:
                 result = await self._sync_result(future, timeout, job, ctx)
             finally:

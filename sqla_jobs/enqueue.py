@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 _NOTIFIED_KEY = "sqla_jobs.notified"
 _INSERT_ONE = statements.insert_job()
 _INSERT_ONE_NOTIFY = statements.insert_job_and_notify()
+# Without the one optional column, meta, for a job that has none (see _row.Column.optional).
+_INSERT_ONE_LEAN = statements.insert_job(lean=True)
+_INSERT_ONE_NOTIFY_LEAN = statements.insert_job_and_notify(lean=True)
 _INSERT_MANY = statements.insert_jobs()
 _RESERVE_IDS = statements.reserve_job_ids()
 _NOTIFY = statements.notify()
@@ -97,9 +100,14 @@ def _insert_one(
     """The statement and parameters for one job: with the wakeup folded in, unless this
     transaction already notified the job's queue."""
     params = _one_params(job, run_at, delay)
+    lean = job.meta is None
+    if lean:
+        # A parameter named after a column adds that column to the INSERT: leave it out.
+        del params["meta"]
     if job.queue in _notified(session):
-        return _INSERT_ONE, params
-    return _INSERT_ONE_NOTIFY, {**params, "channel": channel, "queue_name": job.queue}
+        return _INSERT_ONE_LEAN if lean else _INSERT_ONE, params
+    stmt = _INSERT_ONE_NOTIFY_LEAN if lean else _INSERT_ONE_NOTIFY
+    return stmt, {**params, "channel": channel, "queue_name": job.queue}
 
 
 def _attach(session: Session, job: Prepared, filled: Row[Any]) -> Job:
@@ -111,7 +119,8 @@ def _attach(session: Session, job: Prepared, filled: Row[Any]) -> Job:
     obj = _JOB_MAPPER.class_manager.new_instance()
     values = job.values()
     for i in _JSON_AT:
-        values[i] = json.loads(values[i])
+        if values[i] is not None:
+            values[i] = json.loads(values[i])
     state = obj.__dict__
     state.update(zip(_FILLED_KEYS, filled, strict=True))
     state.update(zip(_row.NAMES, values, strict=True))

@@ -67,6 +67,17 @@ class InvalidTextError(EnqueueError):
         self.field = field
 
 
+class InvalidMetaError(EnqueueError):
+    """A job's ``meta`` (given to enqueue, or added by an ``on_enqueue`` hook) is not a JSON object
+    of string keys that JSON can store as is, or is larger than 8 KiB once serialized
+    (:data:`sqla_jobs.validate.MAX_META_BYTES`)."""
+
+
+class EnqueueHookError(EnqueueError):
+    """An ``on_enqueue`` hook raised; its exception is this one's ``__cause__``. Nothing was
+    written and the caller's transaction is as it was before the call."""
+
+
 class DatabaseURLError(SqlaJobsError):
     """A database URL that cannot be used (wrong scheme, unparseable)."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
@@ -13,6 +13,7 @@ from . import enqueue as _enqueue
 from . import validate as _validate
 from ._jobs_ops import Operations
 from .errors import ConfigurationError
+from .hooks import Hooks
 from .kinds import H, Handler, Kind, Registry, check_name
 from .model import Job, cancel_channel, notify_channel
 
@@ -27,7 +28,8 @@ class Jobs(Operations, Registry):
 
     ``schema`` names the schema that holds the queue table (default: the connection's
     ``search_path``); it must match the schema the migrations ran in. ``max_payload_bytes`` bounds the
-    serialized payload (keep big data in your own tables and enqueue its id).
+    serialized payload (keep big data in your own tables and enqueue its id). ``hooks`` holds the
+    enqueue and worker hooks (:class:`~sqla_jobs.hooks.Hooks`).
     """
 
     def __init__(
@@ -47,6 +49,8 @@ class Jobs(Operations, Registry):
         self.channel = notify_channel(schema)
         #: The channel that tells them which running jobs were cancelled.
         self.cancel_channel = cancel_channel(schema)
+        #: Enqueue hooks, middleware and outcome hooks (:class:`~sqla_jobs.hooks.Hooks`).
+        self.hooks = Hooks()
 
     # -- registration (see Registry.register / Registry.kind) ---------------------------------
 
@@ -82,6 +86,7 @@ class Jobs(Operations, Registry):
         queue: str | None = ...,
         max_attempts: int | None = ...,
         concurrency_key: str | None = ...,
+        meta: Mapping[str, Any] | None = ...,
     ) -> Job: ...
 
     @overload
@@ -97,6 +102,7 @@ class Jobs(Operations, Registry):
         queue: str | None = ...,
         max_attempts: int | None = ...,
         concurrency_key: str | None = ...,
+        meta: Mapping[str, Any] | None = ...,
     ) -> Job: ...
 
     def enqueue(
@@ -111,6 +117,7 @@ class Jobs(Operations, Registry):
         queue: str | None = None,
         max_attempts: int | None = None,
         concurrency_key: str | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> Job:
         """Add a job to ``session``'s transaction and return it, flushed (its ``id`` is set).
 
@@ -120,11 +127,16 @@ class Jobs(Operations, Registry):
         call, discards it). Workers are woken by a NOTIFY that Postgres delivers only at commit, sent
         at most once per queue per transaction and never carrying the payload. ``delay`` is added
         to the database clock; ``run_at`` must be timezone-aware. ``concurrency_key`` overrides the
-        kind's key function (the kind must declare a ``concurrency_limit``). On bad input an
-        :class:`EnqueueError` subclass is raised before any SQL runs: nothing is written and the
-        transaction stays usable.
+        kind's key function (the kind must declare a ``concurrency_limit``). ``meta`` is the job's
+        tags and context, stored in its ``meta`` column (jsonb) and never read by a claim: a
+        mapping of str keys to JSON values, at most 8 KiB serialized (an
+        :class:`~sqla_jobs.InvalidMetaError` otherwise); the ``on_enqueue`` hooks may add to it.
+        On bad input an :class:`EnqueueError` subclass is raised before any SQL runs: nothing is
+        written and the transaction stays usable.
         """
-        prepared = self._prepare(payload, data, priority, queue, max_attempts, concurrency_key)
+        prepared = self._prepare(
+            payload, data, priority, queue, max_attempts, concurrency_key, meta
+        )
         when, after = _validate.schedule(delay, run_at)
         return _enqueue.enqueue(
             session, prepared, when, after, schema=self.schema, channel=self.channel
@@ -140,6 +152,7 @@ class Jobs(Operations, Registry):
         priority: int | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        meta: _validate.MetaArg = None,
     ) -> list[int]:
         """Add many jobs to ``session``'s transaction; return their ids in order.
 
@@ -147,10 +160,13 @@ class Jobs(Operations, Registry):
         none of them. Payloads may be of different kinds. From 64 payloads on, the rows go by COPY,
         and past the first 1,024 they are validated while the server stores the ones before them,
         inside a savepoint that a bad one rolls back (see :func:`sqla_jobs.enqueue.enqueue_many`).
+        ``meta`` is one mapping for every job (checked and serialized once), or a sequence of one
+        mapping (or None) per payload; each is checked as :meth:`enqueue`'s ``meta`` is, all before
+        any SQL runs.
         """
         when, after = _validate.schedule(delay, run_at)
         items = payloads if isinstance(payloads, list) else list(payloads)
-        chunks = self._prepare_chunks(items, priority, queue, max_attempts)
+        chunks = self._prepare_chunks(items, priority, queue, max_attempts, meta)
         return _enqueue.enqueue_many(
             session, len(items), chunks, when, after, schema=self.schema, channel=self.channel
         )
@@ -167,9 +183,12 @@ class Jobs(Operations, Registry):
         queue: str | None = None,
         max_attempts: int | None = None,
         concurrency_key: str | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> Job:
         """:meth:`enqueue` for an ``AsyncSession``, with the same guarantees."""
-        prepared = self._prepare(payload, data, priority, queue, max_attempts, concurrency_key)
+        prepared = self._prepare(
+            payload, data, priority, queue, max_attempts, concurrency_key, meta
+        )
         when, after = _validate.schedule(delay, run_at)
         return await _enqueue.enqueue_async(
             session, prepared, when, after, schema=self.schema, channel=self.channel
@@ -185,11 +204,12 @@ class Jobs(Operations, Registry):
         priority: int | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
+        meta: _validate.MetaArg = None,
     ) -> list[int]:
         """:meth:`enqueue_many` for an ``AsyncSession``, with the same guarantees."""
         when, after = _validate.schedule(delay, run_at)
         items = payloads if isinstance(payloads, list) else list(payloads)
-        chunks = self._prepare_chunks(items, priority, queue, max_attempts)
+        chunks = self._prepare_chunks(items, priority, queue, max_attempts, meta)
         return await _enqueue.enqueue_many_async(
             session, len(items), chunks, when, after, schema=self.schema, channel=self.channel
         )
@@ -201,9 +221,10 @@ class Jobs(Operations, Registry):
         priority: int | None,
         queue: str | None,
         max_attempts: int | None,
-        concurrency_key: str | None = None,
+        concurrency_key: str | None,
+        meta: Mapping[str, Any] | None,
     ) -> _validate.Prepared:
-        return _validate.prepare(
+        prepared = _validate.prepare(
             self,
             payload,
             data,
@@ -212,7 +233,12 @@ class Jobs(Operations, Registry):
             priority=priority,
             max_attempts=max_attempts,
             concurrency_key=concurrency_key,
+            meta=meta,
         )
+        # The hooks' one call site on the single path: nothing to do without a hook.
+        if self.hooks.enqueue_hooks:
+            prepared = self.hooks._enqueue_one(prepared)
+        return prepared
 
     def _prepare_chunks(
         self,
@@ -220,8 +246,9 @@ class Jobs(Operations, Registry):
         priority: int | None,
         queue: str | None,
         max_attempts: int | None,
+        meta: _validate.MetaArg,
     ) -> Iterator[_validate.Batch]:
-        return _validate.prepare_chunks(
+        chunks = _validate.prepare_chunks(
             self,
             payloads,
             size=_enqueue.CHUNK,
@@ -229,4 +256,10 @@ class Jobs(Operations, Registry):
             queue=queue,
             priority=priority,
             max_attempts=max_attempts,
+            meta=meta,
         )
+        # The hooks' one call site on the bulk paths (INSERT and COPY): once per chunk, as the
+        # chunk is validated; nothing to do without a hook.
+        if self.hooks.enqueue_hooks:
+            chunks = self.hooks._enqueue_chunks(chunks)
+        return chunks

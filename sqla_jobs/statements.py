@@ -142,36 +142,38 @@ FILLED_COLUMNS = (
 )
 
 
-def insert_job() -> AnyInsert:
+def insert_job(lean: bool = False) -> AnyInsert:
     """Insert one job; returns the :data:`FILLED_COLUMNS` (id, state, run_at, attempts, crashes,
     interruptions, created_at).
 
     Parameters: queue, kind, payload (JSON text), priority, max_attempts, max_crashes,
-    concurrency_key and concurrency_limit (both NULL for an unkeyed job), and either run_at (aware
-    datetime) or delay_us (microseconds, added to the database's ``now()``). Locks nothing
-    beyond the new row.
+    concurrency_key and concurrency_limit (both NULL for an unkeyed job), meta (JSON text or NULL),
+    and either run_at (aware datetime) or delay_us (microseconds, added to the database's
+    ``now()``). Locks nothing beyond the new row. ``lean``: without the optional columns (meta),
+    for a job that has none of them.
     """
-    return _insert_values().returning(*FILLED_COLUMNS)
+    return _insert_values(lean).returning(*FILLED_COLUMNS)
 
 
-def _insert_values() -> Insert:
+def _insert_values(lean: bool) -> Insert:
     # Each value bound as its column's type, the payload as text cast to jsonb.
     values: dict[str, Any] = {
         c.name: cast(bindparam(c.name, type_=Text), JSONB)
         if c.json
         else bindparam(c.name, type_=job.c[c.name].type)
         for c in _row.COLUMNS
+        if not (lean and c.optional)
     }
     return insert(Job).values({**values, "run_at": _run_at()})
 
 
-def insert_job_and_notify() -> Select[Any]:
+def insert_job_and_notify(lean: bool = False) -> Select[Any]:
     """:func:`insert_job`, plus the wakeup (``pg_notify(channel, queue)``) in the same statement,
     so the first enqueue of a transaction costs one round trip; returns what :func:`insert_job` does.
 
     The notification is queued with the transaction and delivered only if it commits.
     """
-    inserted = insert_job().cte("inserted")
+    inserted = insert_job(lean).cte("inserted")
     # A one-row subquery joined to the insert, so the notify runs exactly once per statement.
     wakeup = select(
         func.pg_notify(bindparam("channel", type_=Text), bindparam("queue_name", type_=Text)).label(
@@ -191,7 +193,8 @@ def insert_jobs() -> AnyInsert:
     """Insert many jobs in one statement from parallel arrays (``unnest``); returns their ids.
 
     Parameters: arrays of equal length queues, kinds, payloads (JSON text), priorities,
-    max_attempts, max_crashes, concurrency_keys, concurrency_limits; and one run_at or delay_us for
+    max_attempts, max_crashes, concurrency_keys, concurrency_limits, metas (JSON text or NULL);
+    and one run_at or delay_us for
     all, as in :func:`insert_job`. One round trip whatever the count, and no 65,535-parameter
     limit, because each column is one array.
     """

@@ -5,20 +5,22 @@ and usable, and nothing was written.
 
 from __future__ import annotations
 
+import json
 import math
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from . import _text
+from . import _row, _text
 from ._row import Batch as Batch
 from ._row import Prepared as Prepared
 from .errors import (
     EnqueueError,
+    InvalidMetaError,
     InvalidOptionError,
     InvalidPayloadError,
     InvalidQueueNameError,
@@ -28,11 +30,17 @@ from .errors import (
 from .kinds import Kind, Registry, check_name
 
 _ZERO = timedelta(0)
+_META_AT = _row.NAMES.index("meta")
 #: Longest delay: now() + delay must stay inside timestamptz (year 294276), and the delay is bound as
 #: microseconds that float8 interval arithmetic carries exactly (2**53 us is about 285 years).
 MAX_DELAY = timedelta(days=100 * 365)
 #: A JSON \u0000 escape (odd number of backslashes before u0000): jsonb refuses it.
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+#: Largest ``meta`` of one job, serialized as UTF-8 JSON: meta holds tags and a trace context,
+#: not data (which goes in the payload, or in the application's own tables).
+MAX_META_BYTES = 8 * 1024
+#: What ``enqueue_many(meta=...)`` takes: one mapping for every job, or one (or None) per job.
+MetaArg = Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None
 
 
 def serialize(
@@ -91,6 +99,93 @@ def serialize(
     return instance, data
 
 
+def meta_json(meta: Mapping[str, Any] | None, what: str = "meta") -> str | None:
+    """The JSON text of a job's ``meta``, checked: a mapping of str keys (nested ones too) whose
+    values JSON stores as they are (no NaN, no NUL, no lone surrogate, no other types), at most
+    :data:`MAX_META_BYTES` serialized; None for None. Raises :class:`InvalidMetaError` naming
+    ``what``."""
+    if meta is None:
+        return None
+    if not isinstance(meta, Mapping):
+        raise InvalidMetaError(
+            f"{what} must be a mapping of str keys to JSON values, got {type(meta).__qualname__}"
+        )
+    bad = _bad_key(meta)
+    if bad is not None:
+        raise InvalidMetaError(
+            f"{what} has a key that is not a str: {bad!r}; JSON object keys are strings"
+        )
+    try:
+        data = json.dumps(
+            meta if isinstance(meta, dict) else dict(meta),
+            ensure_ascii=False,
+            allow_nan=False,
+            separators=(",", ":"),
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidMetaError(
+            f"{what} is not JSON-serializable ({exc}); use str, int, float, bool, None, lists "
+            "and dicts of str keys"
+        ) from None
+    if "\\u0000" in data and _JSON_NUL.search(data):
+        raise InvalidMetaError(
+            f"{what} contains a NUL character (\\u0000), which jsonb cannot store"
+        )
+    try:
+        size = len(data.encode())
+    except UnicodeEncodeError:
+        raise InvalidMetaError(
+            f"{what} contains a lone surrogate, which has no UTF-8 form; PostgreSQL stores only "
+            "UTF-8"
+        ) from None
+    if size > MAX_META_BYTES:
+        raise InvalidMetaError(
+            f"{what} is {size} bytes as JSON, over the limit of {MAX_META_BYTES}; meta is for "
+            "tags and trace context: put data in the payload or in your own tables"
+        )
+    return data
+
+
+def _bad_key(value: Any) -> Any:
+    """The first key of a mapping in ``value`` (nested in mappings and lists) that is not a str,
+    or None. ``json.dumps`` would write 1 and True as "1" and "true": what is read back would not
+    be what was given."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return key
+            bad = _bad_key(item)
+            if bad is not None:
+                return bad
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            bad = _bad_key(item)
+            if bad is not None:
+                return bad
+    return None
+
+
+def metas_json(meta: MetaArg, count: int) -> tuple[str | None, list[str | None] | None]:
+    """``enqueue_many``'s ``meta``, checked: (the JSON text shared by every job, None) for one
+    mapping, checked once; (None, one text per job) for a sequence, which must have ``count``
+    entries; (None, None) for None. A bad entry raises naming its position."""
+    if meta is None:
+        return None, None
+    if isinstance(meta, Mapping):
+        return meta_json(meta), None
+    if isinstance(meta, (str, bytes)) or not isinstance(meta, Sequence):
+        raise InvalidMetaError(
+            "meta must be a mapping (for every job) or a sequence of one mapping or None per job, "
+            f"got {type(meta).__qualname__}"
+        )
+    if len(meta) != count:
+        raise InvalidMetaError(
+            f"meta has {len(meta)} entries for {count} payloads; give one per payload, or one "
+            "mapping for all"
+        )
+    return None, [meta_json(m, f"meta of payload {i}") for i, m in enumerate(meta)]
+
+
 def concurrency(kind: Kind, instance: BaseModel, key: str | None) -> tuple[str | None, int | None]:
     """The job's (concurrency_key, concurrency_limit): the enqueue's ``key``, else the kind's key
     function applied to the validated payload, else none."""
@@ -128,8 +223,9 @@ def prepare(
     priority: int | None,
     max_attempts: int | None,
     concurrency_key: str | None = None,
+    meta: Mapping[str, Any] | None = None,
 ) -> Prepared:
-    """Resolve the kind, validate the payload and the options; no I/O."""
+    """Resolve the kind, validate the payload, the options and ``meta``; no I/O."""
     if isinstance(payload, str):
         kind = registry.by_name(payload)
         if data is None:
@@ -160,6 +256,7 @@ def prepare(
         max_crashes=kind.options.max_crashes,
         concurrency_key=key,
         concurrency_limit=limit,
+        meta=None if meta is None else meta_json(meta),
     )
 
 
@@ -193,6 +290,8 @@ def prepare_many(
     priority: int | None,
     max_attempts: int | None,
     first: int = 0,
+    meta: str | None = None,
+    metas: list[str | None] | None = None,
 ) -> Batch:
     """:func:`prepare` for every payload, into one :class:`Batch`; no I/O. The first bad payload
     or option raises, naming the payload's position (counted from ``first``).
@@ -202,6 +301,9 @@ def prepare_many(
     constant columns are filled at once. A run that fails anywhere, or whose kind computes
     concurrency keys, goes through :func:`serialize` payload by payload, which raises the exact
     error at the exact position.
+
+    ``meta`` is the JSON text every job shares, ``metas`` one per payload (both already checked by
+    :func:`metas_json`).
     """
     batch = Batch()
     items = payloads if isinstance(payloads, list) else list(payloads)
@@ -223,7 +325,7 @@ def prepare_many(
                         f"{model.__qualname__}"
                     )
                 kind = registry.by_model(model)
-                entry = resolved[model] = _template(kind, queue, priority, max_attempts)
+                entry = resolved[model] = _template(kind, queue, priority, max_attempts, meta)
         except EnqueueError as exc:
             _at(exc, first + start)
             raise
@@ -237,6 +339,8 @@ def prepare_many(
         else:
             batch.add_run(entry, {"payload": texts})
         start = stop
+    if metas is not None:
+        batch.columns[_META_AT] = metas
     return batch
 
 
@@ -249,10 +353,29 @@ def prepare_chunks(
     queue: str | None,
     priority: int | None,
     max_attempts: int | None,
+    meta: MetaArg = None,
 ) -> Iterator[Batch]:
     """:func:`prepare_many` of ``payloads`` in slices of ``size``, each checked only when it is
     asked for: enqueue_many validates the next slice while the server stores the last one. A bad
-    payload raises when its slice is reached, naming its position in ``payloads``."""
+    payload raises when its slice is reached, naming its position in ``payloads``. ``meta`` is
+    checked at once, before the first slice is asked for (see :func:`metas_json`)."""
+    shared, metas = metas_json(meta, len(payloads))
+    return _chunks(
+        registry, payloads, size, max_bytes, queue, priority, max_attempts, shared, metas
+    )
+
+
+def _chunks(
+    registry: Registry,
+    payloads: list[BaseModel],
+    size: int,
+    max_bytes: int,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    shared: str | None,
+    metas: list[str | None] | None,
+) -> Iterator[Batch]:
     for start in range(0, len(payloads), size):
         yield prepare_many(
             registry,
@@ -262,11 +385,17 @@ def prepare_chunks(
             priority=priority,
             max_attempts=max_attempts,
             first=start,
+            meta=shared,
+            metas=None if metas is None else metas[start : start + size],
         )
 
 
 def _template(
-    kind: Kind, queue: str | None, priority: int | None, max_attempts: int | None
+    kind: Kind,
+    queue: str | None,
+    priority: int | None,
+    max_attempts: int | None,
+    meta: str | None = None,
 ) -> Prepared:
     """The values every job of ``kind`` with these options shares; no payload, no key."""
     q, p, m = _options(kind, queue, priority, max_attempts)
@@ -279,6 +408,7 @@ def _template(
         max_crashes=kind.options.max_crashes,
         concurrency_key=None,
         concurrency_limit=None,
+        meta=meta,
     )
 
 

@@ -3,7 +3,8 @@
 The SQL blocks of the page are executed with the role and schema names replaced by unique ones for
 this run (roles are cluster-wide), then each role does its job and is refused what it must not do:
 the owner migrates without superuser, the enqueuer adds jobs but cannot change them, the worker runs
-them but cannot change the schema, the reader runs ``sqla-jobs stats`` but cannot write. The roles
+them (skipping paused queues) but cannot change the schema, the operator retries, cancels and
+pauses but cannot enqueue, the reader runs ``sqla-jobs stats`` but cannot write. The roles
 and the schema are dropped at the end.
 """
 
@@ -42,7 +43,7 @@ from tests.reliability.edge_app import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "roles.md"
-ROLES = ("owner", "enqueuer", "worker", "reader")
+ROLES = ("owner", "enqueuer", "worker", "operator", "reader")
 #: The first line of each SQL block of the page that the tests run.
 SUPERUSER_BLOCK = "-- as a superuser"
 OWNER_BLOCK = "-- as jobs_owner, after every migration"
@@ -84,7 +85,7 @@ class Roles:
             role = found.group(1)
             return self.name(role[1:]) if role else self.schema
 
-        sql = re.sub(r"\bjobs(_owner|_enqueuer|_worker|_reader)?\b", rename, sql)
+        sql = re.sub(r"\bjobs(_owner|_enqueuer|_worker|_operator|_reader)?\b", rename, sql)
         return sql.replace("'change-me'", f"'{self.password}'")
 
     def url(self, role: str) -> str:
@@ -217,7 +218,8 @@ def test_schema_owner_runs_the_migrations_without_superuser(
         )
     assert superuser is False
     assert owners == dict.fromkeys(
-        ("alembic_version", "sqla_jobs_history", "sqla_jobs_job"), roles.name("owner")
+        ("alembic_version", "sqla_jobs_history", "sqla_jobs_job", "sqla_jobs_queue"),
+        roles.name("owner"),
     )
     figures.record(tables_owned=len(owners))
 
@@ -541,3 +543,183 @@ def test_reader_sees_another_roles_old_transaction_through_pg_read_all_stats(
         assert blind.oldest_transaction is None or blind.oldest_transaction["age"] is None
         assert blind.warnings == []
         holder.rollback()
+
+
+def dead_and_pending(engine: Engine, app: App, schema: str) -> tuple[int, int]:
+    """A dead job (set by hand) and a pending one not yet due, committed; the table emptied
+    first."""
+    table = f"{schema}.sqla_jobs_job"
+    with engine.begin() as conn:
+        conn.execute(
+            text(f"TRUNCATE {table}, {schema}.sqla_jobs_history, {schema}.sqla_jobs_queue")
+        )
+    with Session(engine) as session:
+        dead = app.jobs.enqueue(session, Greet(n=1)).id
+        pending = app.jobs.enqueue(session, Greet(n=2), delay=3600).id
+        session.commit()
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"UPDATE {table} SET state = 'dead', attempts = 3, finished_at = now() WHERE id = :id"
+            ),
+            {"id": dead},
+        )
+    return dead, pending
+
+
+def states_of(engine: Engine, schema: str, ids: list[int]) -> list[str]:
+    with engine.connect() as conn:
+        found = dict(
+            conn.execute(
+                text(f"SELECT id, state FROM {schema}.sqla_jobs_job WHERE id = ANY(:ids)"),
+                {"ids": ids},
+            ).all()
+        )
+    return [found[i] for i in ids]
+
+
+@injects("non-superuser roles with the grants of docs/roles.md")
+def test_operator_retries_cancels_and_pauses_but_cannot_enqueue(
+    roles: Roles, engine: Engine, figures: Figures
+) -> None:
+    """The operator role retries a dead job, cancels a pending one, pauses and resumes a queue
+    (sync and async), and reads the jobs; it is refused INSERT of jobs and DDL."""
+    app = make_app(roles.schema)
+    dead, pending = dead_and_pending(engine, app, roles.schema)
+    operator = roles.engine("operator")
+    with Session(operator) as session, session.begin():
+        assert app.jobs.retry(session, [dead]) == [dead]
+        assert app.jobs.cancel(session, [pending]).cancelled == [pending]
+        app.jobs.pause_queue(session, "roles")
+        fetched = app.jobs.get(session, dead)
+        assert fetched is not None
+        assert fetched.state == "pending"
+    assert states_of(engine, roles.schema, [dead, pending]) == ["pending", "cancelled"]
+    with engine.connect() as conn:
+        paused = conn.execute(
+            text(
+                f"SELECT paused_at IS NOT NULL FROM {roles.schema}.sqla_jobs_queue WHERE queue = 'roles'"
+            )
+        ).scalar_one()
+    assert paused is True
+
+    async def resume() -> None:
+        async_engine = create_async_engine(roles.url("operator"), poolclass=NullPool)
+        try:
+            async with AsyncSession(async_engine) as session, session.begin():
+                await app.jobs.resume_queue_async(session, "roles")
+                assert await app.jobs.retry_async(session, [pending]) == [pending]
+        finally:
+            await async_engine.dispose()
+
+    asyncio.run(resume())
+    assert states_of(engine, roles.schema, [pending]) == ["pending"]
+    table = f"{roles.schema}.sqla_jobs_job"
+
+    def enqueue() -> None:
+        with Session(operator) as session:
+            app.jobs.enqueue(session, Greet(n=1))
+            session.commit()
+
+    messages = [
+        refused(enqueue),
+        refused(execute_as(operator, f"ALTER TABLE {table} ADD COLUMN extra int")),
+        refused(execute_as(operator, f"TRUNCATE {table}")),
+    ]
+    # Prune: finished jobs and history rows, by DELETE.
+    execute_as(operator, f"DELETE FROM {table} WHERE state = 'cancelled'")()
+    execute_as(operator, f"DELETE FROM {roles.schema}.sqla_jobs_history")()
+    operator.dispose()
+    figures.record(refused=len(messages))
+
+
+@injects("non-superuser roles with the grants of docs/roles.md")
+def test_enqueuer_cannot_cancel_retry_or_pause_and_the_refusal_aborts_its_transaction(
+    roles: Roles, engine: Engine, figures: Figures
+) -> None:
+    """The enqueuer is refused cancel, retry and pause (permission denied, a database error, not
+    an OperationError). The refusal aborts the caller's transaction: what it enqueued before is
+    lost once it rolls back, as docs/roles.md says."""
+    app = make_app(roles.schema)
+    dead, pending = dead_and_pending(engine, app, roles.schema)
+    enqueuer = roles.engine("enqueuer")
+    table = f"{roles.schema}.sqla_jobs_job"
+    actions: dict[str, Callable[[Session], Any]] = {
+        "cancel": lambda session: app.jobs.cancel(session, [pending]),
+        "retry": lambda session: app.jobs.retry(session, [dead]),
+        "pause": lambda session: app.jobs.pause_queue(session, "roles"),
+    }
+    messages: list[str] = []
+    for name, action in actions.items():
+        with Session(enqueuer) as session:
+            enqueued = app.jobs.enqueue(session, Greet(n=7)).id
+
+            def attempt(
+                session: Session = session, action: Callable[[Session], Any] = action
+            ) -> None:
+                action(session)
+
+            messages.append(refused(attempt))
+            with pytest.raises(DBAPIError) as caught:
+                session.execute(text("SELECT 1"))
+            assert isinstance(caught.value.orig, pg_errors.InFailedSqlTransaction), name
+            session.rollback()
+        assert count(engine, f"SELECT count(*) FROM {table} WHERE id = {enqueued}") == 0, name
+    assert states_of(engine, roles.schema, [dead, pending]) == ["dead", "pending"]
+    enqueuer.dispose()
+    figures.record(refused=len(messages))
+
+
+@injects("non-superuser roles with the grants of docs/roles.md")
+def test_reader_reads_jobs_and_queues_but_cannot_retry_or_cancel(
+    roles: Roles, engine: Engine, figures: Figures
+) -> None:
+    """The reader (a read-only dashboard) reads the jobs, the history and the paused queues, and
+    is refused retry and cancel."""
+    app = make_app(roles.schema)
+    dead, pending = dead_and_pending(engine, app, roles.schema)
+    reader = roles.engine("reader")
+    for table in ("sqla_jobs_job", "sqla_jobs_history", "sqla_jobs_queue"):
+        assert count(reader, f"SELECT count(*) FROM {roles.schema}.{table}") is not None
+
+    def retry() -> None:
+        with Session(reader) as session:
+            app.jobs.retry(session, [dead])
+
+    def cancel() -> None:
+        with Session(reader) as session:
+            app.jobs.cancel(session, [pending])
+
+    messages = [refused(retry), refused(cancel)]
+    assert states_of(engine, roles.schema, [dead, pending]) == ["dead", "pending"]
+    reader.dispose()
+    figures.record(refused=len(messages))
+
+
+@injects("non-superuser roles with the grants of docs/roles.md; a queue paused by the operator")
+def test_worker_role_skips_a_queue_the_operator_paused_until_it_is_resumed(
+    roles: Roles, engine: Engine, figures: Figures
+) -> None:
+    """The worker role's claim reads sqla_jobs_queue: a queue the operator paused is not
+    claimed, and its job runs once the operator resumes it."""
+    app = make_app(roles.schema)
+    table = f"{roles.schema}.sqla_jobs_job"
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {table}, {roles.schema}.sqla_jobs_queue"))
+    operator = roles.engine("operator")
+    with Session(operator) as session, session.begin():
+        app.jobs.pause_queue(session, "roles")
+    with Session(engine) as session:
+        job_id = app.jobs.enqueue(session, Wobbly(n=1)).id
+        session.commit()
+    worker = Worker(app.jobs, roles.url("worker"), poll_interval=0.1)
+    with edge_app.running(worker):
+        wait_for(lambda: worker.wakeups is not None and worker.wakeups.drained, "polled")
+        wait_for(lambda: worker.wakeups is not None and worker.wakeups.drained, "polled again")
+        assert states_of(engine, roles.schema, [job_id]) == ["pending"]
+        assert app.done == []
+        with Session(operator) as session, session.begin():
+            app.jobs.resume_queue(session, "roles")
+        wait_for(lambda: worker.counts["failed"] == 1, "the job runs (its first attempt fails)")
+    operator.dispose()
+    figures.record(failed=worker.counts["failed"])
