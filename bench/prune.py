@@ -151,7 +151,7 @@ def run(ctx: Context) -> Outcome:
             f"prune of {history} (1,000 per batch) beside the drain",
             "rows/s",
             prune_rate,
-            note="sqla-jobs prune in its own process, at the pruner's pace (it rests 4x each batch)",
+            note="sqla-jobs prune in its own process, at the pruner's pace (it rests 9x each batch)",
         ),
         Row(
             "prune",

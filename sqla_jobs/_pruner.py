@@ -5,7 +5,7 @@ started together do not all try at once) the pruner tries to become *the* pruner
 table, then deletes what :class:`~sqla_jobs.retention.Retention` no longer keeps: ``completed``,
 ``dead`` and ``cancelled`` rows of ``sqla_jobs_job`` and the rows of ``sqla_jobs_history``, in
 batches of :data:`BATCH` rows, each batch one statement in a transaction of its own (autocommit),
-resting after each :data:`REST` times as long as it took (a fifth of a core at most, whatever the
+resting after each :data:`REST` times as long as it took (a tenth of a core at most, whatever the
 backlog: retention is background work, and the claims come first).
 
 The election is a *session-level* advisory lock (``pg_try_advisory_lock``), taken on the pruner's
@@ -44,7 +44,7 @@ from .retention import Retention
 log = logging.getLogger("sqla_jobs.worker")
 
 #: After each batch the pruner rests this many times as long as the batch took.
-REST = 4.0
+REST = 9.0
 
 #: Rows deleted per statement: each batch is a short transaction, whatever the backlog.
 BATCH = 1000
@@ -88,7 +88,7 @@ def prune(
     A ``completed`` row that the application's foreign keys still reference cannot be deleted: it
     is stepped over for the rest of the run and tried again the next run. After each full batch,
     ``rest`` (if given) is called with the seconds the batch took: the pruner and the command
-    rest :data:`REST` times that long, so that a large backlog takes at most a fifth of a core
+    rest :data:`REST` times that long, so that a large backlog takes at most a tenth of a core
     from the claims.
     """
     counts: dict[str, int] = {}

@@ -29,7 +29,6 @@ import socket
 import threading
 import uuid
 from collections.abc import Sequence
-from datetime import timedelta
 
 from ._config import WorkerConfig, WorkerSeams, check_config
 from ._connections import Connector
@@ -41,14 +40,13 @@ from ._lanes import Lanes
 from ._leases import LeaseKeeper
 from ._listener import Listener
 from ._outcome import HandlerTimeout
+from ._parts import build_parts
 from ._prefetch import Prefetch
 from ._pruner import Pruner
 from ._reaper import Reaper
 from ._services import start_threads, stop_thread
 from ._shutdown import shutdown
-from ._slots import Slots
 from ._sql import WorkerSQL
-from ._steps import StepWriter
 from ._wakeups import Wakeups
 from .context import ClaimedJob
 from .jobs import Jobs
@@ -239,53 +237,26 @@ class Worker:
         return self._exit_code
 
     def _build(self, wakeups: Wakeups) -> FetchLoop:
-        """The worker's parts, wired to one another."""
-        config, sql = self.config, self._sql
-        self._steps = StepWriter(self.connector, sql.record_step)
-        self.lanes = Lanes(
+        """The worker's parts on the event loop, wired to one another."""
+        parts = build_parts(
+            jobs=self.jobs,
+            config=self.config,
             connector=self.connector,
-            sql=sql,
-            config=config,
+            sql=self._sql,
             holdings=self.holdings,
+            prefetch=self.prefetch,
             wakeups=wakeups,
             counts=self.counts,
             keyed=self._keyed,
-        )
-        self._slots = Slots(
-            jobs=self.jobs,
-            worker=self.name,
-            concurrency=config.concurrency,
-            holdings=self.holdings,
-            prefetch=self.prefetch,
-            wakeups=wakeups,
-            recorder=self._steps,
-            lanes=len(self.lanes.lanes),
-            stuck_grace=config.stuck_grace,
             on_stuck=self._on_stuck,
         )
-        if config.listen:
-            self.handoff = Handoff(
-                sql=sql,
-                worker=self.name,
-                lease=timedelta(seconds=config.lease),
-                holdings=self.holdings,
-                prefetch=self.prefetch,
-                wakeups=wakeups,
-                counts=self.counts,
-                keyed=self._keyed,
-                fill=self._slots.fill,
-            )
-        fetch = FetchLoop(
-            config=config,
-            holdings=self.holdings,
-            lanes=self.lanes,
-            slots=self._slots,
-            prefetch=self.prefetch,
-            wakeups=wakeups,
-            handoff=self.handoff,
+        self._steps, self.lanes, self._slots, self.handoff = (
+            parts.steps,
+            parts.lanes,
+            parts.slots,
+            parts.handoff,
         )
-        self._slots.loop_has_work = fetch.has_work
-        return fetch
+        return parts.fetch
 
     def _start_threads(self) -> None:
         assert self.wakeups is not None
