@@ -525,12 +525,16 @@ def keep_completed() -> AnyUpdate:
     it could not be deleted) in ``last_error``: for a succeeded job whose row the application's
     foreign keys hold. Terminal: no claim, reap or retry takes it. Returns the id (no row: the
     lease was lost). Touches no column a foreign key can reference; served by the primary key."""
+    return _end_held_run(COMPLETED)
+
+
+def _end_held_run(state: ColumnElement[str]) -> AnyUpdate:
+    # Job ``id`` (lease ``token``) ends in the terminal ``state``, ``error`` in ``last_error``.
     return (
         update(job)
-        .where(job.c.id == bindparam("id", type_=BigInteger))
-        .where(job.c.lease_token == bindparam("token", type_=UUID(as_uuid=True)))
+        .where(_one_held())
         .values(
-            state=COMPLETED,
+            state=state,
             finished_at=func.now(),
             last_error=func.left(bindparam("error", type_=Text), MAX_ERROR_CHARS),
             lease_token=null(),
@@ -737,19 +741,7 @@ def finish_cancelled() -> AnyUpdate:
     """Job ``id`` (lease ``token``) ended because an operator cancelled it: ``cancelled``, its
     ``error`` (how the handler stopped) in ``last_error``; terminal, never retried on its own.
     Returns the id (no row: the lease was lost). Served by the primary key."""
-    return (
-        update(job)
-        .where(_one_held())
-        .values(
-            state=CANCELLED,
-            finished_at=func.now(),
-            last_error=func.left(bindparam("error", type_=Text), MAX_ERROR_CHARS),
-            lease_token=null(),
-            lease_expires_at=null(),
-            locked_by=null(),
-        )
-        .returning(job.c.id)
-    )
+    return _end_held_run(CANCELLED)
 
 
 def reap() -> AnyUpdate:
