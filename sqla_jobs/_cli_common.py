@@ -14,6 +14,7 @@ import psycopg
 
 from ._db import ENV_VAR, libpq_conninfo, redact
 from ._preflight import check_job_table
+from .kinds import check_name
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -88,3 +89,13 @@ def add_database_options(
             default=argparse.SUPPRESS if suppress else env("SCHEMA"),
             help="schema of the queue table (env SQLA_JOBS_SCHEMA; default: the search_path)",
         )
+
+
+def checked_name(what: str, value: str | None) -> str | None:
+    """A queue or kind name from the command line, or None; a usage error if it is invalid."""
+    if value is None:
+        return None
+    try:
+        return check_name(what, value)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None

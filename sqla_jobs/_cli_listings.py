@@ -15,9 +15,8 @@ from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
 from . import statements
-from ._cli_common import EXIT_NOT_APPLICABLE, CLIError
+from ._cli_common import EXIT_NOT_APPLICABLE, CLIError, checked_name
 from .jobs import Jobs
-from .kinds import check_name
 from .model import STATES, Job
 from .stats import _age, by_state
 
@@ -57,20 +56,11 @@ class JobQuery:
             )
         return cls(
             states=states,
-            queue=_name("queue", args.queue),
-            kind=_name("kind", args.kind),
+            queue=checked_name("queue", args.queue),
+            kind=checked_name("kind", args.kind),
             meta=_meta(args.meta) if args.meta else None,
             limit=limit,
         )
-
-
-def _name(what: str, value: str | None) -> str | None:
-    if value is None:
-        return None
-    try:
-        return check_name(what, value)
-    except ValueError as exc:
-        raise CLIError(str(exc)) from None
 
 
 def _meta(pairs: list[str]) -> dict[str, Any]:

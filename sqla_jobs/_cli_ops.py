@@ -19,11 +19,10 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from . import _cli_listings as listings
-from ._cli_common import EXIT_OK, CLIError, add_database_options, prepared_url
+from ._cli_common import EXIT_OK, CLIError, add_database_options, checked_name, prepared_url
 from ._db import sqlalchemy_url
 from ._ops import FILTER_LIMIT
 from .jobs import Jobs
-from .kinds import check_name
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -54,16 +53,6 @@ def job_ids(values: Sequence[str]) -> list[int]:
             raise CLIError(f"invalid job id {value!r}: ids are whole numbers from 1")
         out.append(number)
     return out
-
-
-def checked_name(what: str, value: str | None) -> str | None:
-    """A queue or kind name from the command line, or None; a usage error if it is invalid."""
-    if value is None:
-        return None
-    try:
-        return check_name(what, value)
-    except ValueError as exc:
-        raise CLIError(str(exc)) from None
 
 
 def said(verb: str, ids: Sequence[int], what: str = "job") -> str:
