@@ -314,6 +314,33 @@ def test_get_returns_the_job_as_the_transaction_sees_it(clean: Engine) -> None:
         assert jobs.get(session, 999999999) is None
 
 
+def test_the_readme_select_recipes_list_dead_jobs_and_filter_by_meta(clean: Engine) -> None:
+    from sqlalchemy import func, select
+
+    from sqla_jobs import Job
+
+    jobs = Jobs()
+    jobs.register("task", Task)
+    dead = dead_job(clean, jobs)
+    with Session(clean) as session, session.begin():
+        tagged = jobs.enqueue(session, Task(n=1), meta={"tenant": "acme"}).id
+        jobs.enqueue(session, Task(n=2), meta={"tenant": "other"})
+    with Session(clean) as session:
+        found = session.scalars(
+            select(Job).where(Job.state == "dead").order_by(Job.finished_at.desc()).limit(50)
+        ).all()
+        assert [j.id for j in found] == [dead]
+        acme = session.scalars(select(Job).where(Job.meta["tenant"].astext == "acme")).all()
+        assert [j.id for j in acme] == [tagged]
+        depth = dict(
+            ((q, st), n)
+            for q, st, n in session.execute(
+                select(Job.queue, Job.state, func.count()).group_by(Job.queue, Job.state)
+            ).all()
+        )
+        assert depth == {("default", "dead"): 1, ("default", "pending"): 2}
+
+
 def test_async_operations_ride_the_async_session(clean: Engine, migrated_url: str) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
