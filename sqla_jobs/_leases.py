@@ -70,8 +70,6 @@ class LeaseKeeper(ConnectionThread):
         self._on_lost = on_lost
         self._on_cancel = on_cancel
         self._paused = paused or threading.Event()
-        #: Renewals skipped because another session held the row locked (for tests and logs).
-        self.skipped_locked = 0
         self._locked_before: set[Held] = set()
 
     def step(self) -> float:
@@ -112,7 +110,6 @@ class LeaseKeeper(ConnectionThread):
         # locked at two beats in a row is worth a line.
         again = [h for h in locked if h in self._locked_before]
         self._locked_before = set(locked)
-        self.skipped_locked += len(locked)
         if again:
             locked = again
             log.warning(

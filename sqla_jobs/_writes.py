@@ -135,11 +135,7 @@ class OutcomeWriter:
             if written == len(done):
                 self._successes.log(done)
         for outcome, cur in fail_curs:
-            row = await cur.fetchone()
-            if outcome.snooze_us is not None or outcome.cancelled:
-                self._log_other(outcome, row)
-            else:
-                self._log_failure(outcome, row)
+            self._log_written(outcome, await cur.fetchone())
 
     async def isolate(self, conn: AsyncConn, batch: list[Outcome]) -> list[Outcome]:
         """Write each outcome of ``batch`` on its own (after the batch as a whole failed). Returns
@@ -205,8 +201,21 @@ class OutcomeWriter:
             extra={"event": "kept_completed", "job_id": job.id, "kind": job.kind},
         )
 
-    def _log_other(self, outcome: Outcome, row: Any) -> None:
+    def _count_done(self, sent: int, written: int) -> None:
+        self._counts["done"] += written
+        if written < sent:
+            log.warning(
+                "%d completions refused by the lease fence (leases lost; the jobs belong "
+                "to other workers now)",
+                sent - written,
+                extra={"event": "lease_lost"},
+            )
+
+    def _log_written(self, outcome: Outcome, row: Any) -> None:
+        """Count and log an outcome other than a completion, from the row its write returned
+        (None: the fence refused it, the lease was lost)."""
         job = outcome.job
+        extra: dict[str, Any] = {"job_id": job.id, "kind": job.kind}
         if row is None:
             log.warning(
                 "job %s: lease lost before its outcome was recorded",
@@ -220,9 +229,9 @@ class OutcomeWriter:
                 job.id,
                 job.kind,
                 outcome.error,
-                extra={"event": "cancelled", "job_id": job.id, "kind": job.kind},
+                extra={"event": "cancelled", **extra},
             )
-        else:
+        elif outcome.snooze_us is not None:
             self._counts["snoozed"] += 1
             log.info(
                 "job %s (%s) snoozed: %s at %s",
@@ -230,30 +239,9 @@ class OutcomeWriter:
                 job.kind,
                 row[0],
                 row[1],
-                extra={"event": "snoozed", "job_id": job.id, "kind": job.kind},
+                extra={"event": "snoozed", **extra},
             )
-
-    def _count_done(self, sent: int, written: int) -> None:
-        self._counts["done"] += written
-        if written < sent:
-            log.warning(
-                "%d completions refused by the lease fence (leases lost; the jobs belong "
-                "to other workers now)",
-                sent - written,
-                extra={"event": "lease_lost"},
-            )
-
-    def _log_failure(self, outcome: Outcome, row: Any) -> None:
-        job = outcome.job
-        if row is None:
-            log.warning(
-                "job %s: lease lost before its failure was recorded",
-                job.id,
-                extra={"event": "lease_lost", "job_id": job.id},
-            )
-            return
-        state, run_at = row[0], row[1]
-        if state == "dead":
+        elif row[0] == "dead":
             self._counts["dead"] += 1
             log.error(
                 "job %s (%s) dead after attempt %s: %s",
@@ -261,7 +249,7 @@ class OutcomeWriter:
                 job.kind,
                 job.attempts,
                 outcome.error,
-                extra={"event": "dead", "job_id": job.id, "kind": job.kind},
+                extra={"event": "dead", **extra},
             )
         else:
             self._counts["failed"] += 1
@@ -270,7 +258,7 @@ class OutcomeWriter:
                 job.id,
                 job.kind,
                 job.attempts,
-                run_at,
+                row[1],
                 outcome.error,
-                extra={"event": "failed", "job_id": job.id, "kind": job.kind},
+                extra={"event": "failed", **extra},
             )

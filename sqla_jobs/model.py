@@ -66,11 +66,6 @@ class JobState(str, enum.Enum):
     CANCELLED = "cancelled"
 
 
-#: The states a job stays in once it got there, until an operator retries it or retention
-#: removes it: outside every claim index, ``finished_at`` set.
-TERMINAL_STATES = (JobState.COMPLETED.value, JobState.DEAD.value, JobState.CANCELLED.value)
-
-
 STATES = tuple(s.value for s in JobState)
 
 

@@ -3,38 +3,20 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timezone
 from typing import Any
 
 from sqla_jobs._holdings import Holdings
 from sqla_jobs._outcome import Outcome
 from sqla_jobs.context import ClaimedJob, JobContext
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+from ._claimed import claimed_job
 
 
 def row(
     job_id: int, *, crashes: int = 0, max_crashes: int = 3, token: uuid.UUID | None = None
 ) -> tuple[Any, ...]:
     """A claimed row, in the claim's column order."""
-    return tuple(
-        ClaimedJob(
-            id=job_id,
-            queue="default",
-            kind="k",
-            payload="{}",
-            priority=0,
-            attempts=crashes + 1,
-            max_attempts=10,
-            crashes=crashes,
-            max_crashes=max_crashes,
-            interruptions=0,
-            lease_token=token or uuid.uuid4(),
-            created_at=T0,
-            concurrency_key=None,
-            steps=None,
-        )
-    )
+    return tuple(claimed_job(job_id, crashes=crashes, max_crashes=max_crashes, token=token))
 
 
 def start_next(holdings: Holdings) -> tuple[ClaimedJob, JobContext]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 
@@ -15,6 +14,8 @@ from sqla_jobs import InvalidMetaError, JobContext
 from sqla_jobs._outcome import Outcome
 from sqla_jobs.context import ClaimedJob
 from sqla_jobs.hooks import EnqueueBatch, _name_of, run_middleware
+
+from ._claimed import claimed_job
 
 
 def batch(texts: list[str | None]) -> EnqueueBatch:
@@ -47,22 +48,7 @@ def test_one_jobs_meta_changes_alone_and_bad_meta_names_its_position() -> None:
 
 
 def claimed(attempts: int, max_attempts: int, crashes: int = 0) -> ClaimedJob:
-    return ClaimedJob(
-        id=1,
-        queue="default",
-        kind="k",
-        payload="{}",
-        priority=0,
-        attempts=attempts,
-        max_attempts=max_attempts,
-        crashes=crashes,
-        max_crashes=3,
-        interruptions=0,
-        lease_token=uuid.uuid4(),
-        created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
-        concurrency_key=None,
-        steps=None,
-    )
+    return claimed_job(attempts=attempts, max_attempts=max_attempts, crashes=crashes)
 
 
 def test_outcomes_are_named_as_the_fail_statement_decides() -> None:

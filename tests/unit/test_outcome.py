@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-from datetime import datetime, timezone
-
 from pydantic import BaseModel
 
 from sqla_jobs import Backoff, Jobs
 from sqla_jobs._outcome import HandlerTimeout, Outcome, describe, failed, resolve
 from sqla_jobs.context import ClaimedJob
+
+from ._claimed import claimed_job
 
 
 class Order(BaseModel):
@@ -26,22 +25,7 @@ JOBS.register("enqueue_only", Report)
 
 
 def job(kind: str, payload: str) -> ClaimedJob:
-    return ClaimedJob(
-        id=1,
-        queue="default",
-        kind=kind,
-        payload=payload,
-        priority=0,
-        attempts=1,
-        max_attempts=10,
-        crashes=0,
-        max_crashes=3,
-        interruptions=0,
-        lease_token=uuid.uuid4(),
-        created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
-        concurrency_key=None,
-        steps=None,
-    )
+    return claimed_job(kind=kind, payload=payload)
 
 
 def test_a_valid_job_resolves_to_its_kind_and_decoded_payload() -> None:
