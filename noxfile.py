@@ -2,10 +2,11 @@
 
 nox -s tests       the test suite (DATABASE_URL, else an embedded PostgreSQL)
 nox -s lint        ruff check + ruff format --check
-nox -s typecheck   mypy --strict on the package
+nox -s typecheck   mypy --strict on the package, and the typing cases (tests/typing)
 nox -s demo        the guided demo (embedded PostgreSQL unless DATABASE_URL is set)
 nox -s bench       the benchmark suite (writes bench/results/)
 nox -s chaos       the reliability suite at full size; regenerates RELIABILITY.md
+nox -s examples    the example application's tests (examples/shop; DATABASE_URL, else embedded)
 """
 
 from __future__ import annotations
@@ -23,6 +24,16 @@ PYTHON = ["3.10", "3.11", "3.12", "3.13"]
 def tests(session: nox.Session) -> None:
     """Run the test suite against a real PostgreSQL."""
     session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session
+def examples(session: nox.Session) -> None:
+    """The example application (examples/shop): installed as its README says, then its tests, on
+    DATABASE_URL's server, else on an embedded PostgreSQL."""
+    session.chdir("examples/shop")
+    # requirements.txt installs this repository's package (-e ../..) and the shop (-e .).
+    session.install("-r", "requirements.txt")
     session.run("pytest", *session.posargs)
 
 
@@ -52,9 +63,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict with the pydantic plugin."""
+    """mypy --strict with the pydantic plugin; then the typing cases, which run mypy on snippets
+    that must type-check, or fail with the errors they name (the tests session skips them)."""
     session.install("-e", ".[test]", "mypy>=1.10")
     session.run("mypy")
+    session.run("pytest", "tests/typing", *session.posargs)
 
 
 @nox.session

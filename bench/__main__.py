@@ -22,7 +22,7 @@ from typing import Any
 
 from sqla_jobs._db import database_url, redact
 
-from . import contention, drain, enqueue, latency, memory, mvcc, prune, report, sustained
+from . import contention, drain, enqueue, latency, memory, mvcc, prune, report, session, sustained
 from .dbs import server_info
 from .figures import Outcome, Row
 from .settings import FULL, QUICK, Context
@@ -31,6 +31,7 @@ from .settings import FULL, QUICK, Context
 MEASUREMENTS: dict[str, Callable[[Context], Outcome]] = {
     "enqueue": enqueue.run,
     "drain": drain.run,
+    "session": session.run,
     "latency": latency.run,
     "mvcc": mvcc.run,
     "contention": contention.run,

@@ -1,9 +1,10 @@
 """Entry point of the benchmark's child processes (``python -m bench.child ...``).
 
-``worker --impl sqla|single|batched``: a sqla-jobs ``Worker`` or the baseline's claim loops; prints
-``ready``, starts on ``go``, stops on ``stop``, prints its result as JSON. ``listen-worker``: an
-idle listening worker (sqla-jobs or the baseline's) that records when each handler started. ``enqueue-many`` and
-``copy`` insert ``--jobs`` jobs in one transaction and print their memory as JSON.
+``worker --impl sqla|single|batched``: a sqla-jobs ``Worker`` (``--handler``: one of the session
+measurement's) or the baseline's claim loops; prints ``ready``, starts on ``go``, stops on
+``stop``, prints its result as JSON. ``listen-worker``: an idle listening worker (sqla-jobs or the
+baseline's) that records when each handler started. ``enqueue-many`` and ``copy`` insert ``--jobs``
+jobs in one transaction and print their memory as JSON.
 """
 
 from __future__ import annotations
@@ -36,16 +37,22 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.impl == "sqla":
         from sqla_jobs.worker import Worker
 
-        from .app import make_jobs
+        from .app import make_jobs, write_jobs
 
+        jobs, maker = (
+            (make_jobs(), None)
+            if args.handler is None
+            else write_jobs(args.handler, args.url, args.loops)
+        )
         w = Worker(
-            make_jobs(),
+            jobs,
             args.url,
             concurrency=args.loops,
             poll_interval=args.poll,
             batch_size=args.batch_size,
             # The benchmarks measure pruning on their own (bench/prune.py), never by chance.
             retention=None,
+            sessionmaker=maker,
         )
         errors: list[str] = []
 
@@ -180,6 +187,11 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--loops", type=int, required=True)
     w.add_argument("--poll", type=float, default=1.0)
     w.add_argument("--batch-size", type=int, default=None)
+    w.add_argument(
+        "--handler",
+        default=None,
+        help="with --impl sqla: one of bench.app.HANDLERS (default: the async no-op)",
+    )
     lw = sub.add_parser("listen-worker")
     lw.add_argument("--impl", choices=("sqla", "baseline"), required=True)
     lw.add_argument("--url", required=True)

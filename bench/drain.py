@@ -40,34 +40,52 @@ def backend_cpu(conn: psycopg.Connection[Any]) -> float:
 def drain_once(
     ctx: Context, impl: str, concurrency: int, processes: int, jobs: int
 ) -> dict[str, float]:
-    """One drain; returns jobs/s, and the CPU time per job (microseconds) of the worker processes
-    and of the server processes serving them."""
+    """One drain in a fresh database; returns jobs/s, and the CPU time per job (microseconds) of
+    the worker processes and of the server processes serving them."""
     subject = IMPLS[impl]
     with fresh_database(ctx.server_url, subject) as url:
         prefill(subject, url, jobs)
-        with Children() as children, connect(url) as conn:
-            procs = [
-                children.spawn(
-                    "worker", "--impl", impl, "--url", url, "--loops", str(concurrency // processes)
-                )
-                for _ in range(processes)
-            ]
-            for p in procs:
-                p.wait_ready()
-            cpu0 = sum(cpu_seconds(p.pid) for p in procs)
-            t0 = time.perf_counter()
-            for p in procs:
-                p.go()
-            t1 = wait_empty(conn, TABLE[subject], timeout=max(120.0, jobs / 100))
-            cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
-            # The workers' backends started with the drain (they connect on "go"): their whole
-            # CPU time is the drain's, give or take connecting.
-            server = backend_cpu(conn)
-            results: list[dict[str, Any]] = [p.finish() for p in procs]
-        done = sum(int(r["done"]) for r in results)
-        errors = [e for r in results for e in r.get("errors", [])]
-        if errors or done != jobs:
-            raise RuntimeError(f"drain {impl}: {done} of {jobs} done, errors {errors}")
+        return drain_in(url, impl, concurrency, processes, jobs)
+
+
+def drain_in(
+    url: str, impl: str, concurrency: int, processes: int, jobs: int, *extra: str
+) -> dict[str, float]:
+    """Drain the ``jobs`` already in ``url``'s queue table (:func:`drain_once`'s figures);
+    ``extra`` goes to each worker child's command line (``--handler NAME``)."""
+    subject = IMPLS[impl]
+    with Children() as children, connect(url) as conn:
+        procs = [
+            children.spawn(
+                "worker",
+                "--impl",
+                impl,
+                "--url",
+                url,
+                "--loops",
+                str(concurrency // processes),
+                *extra,
+            )
+            for _ in range(processes)
+        ]
+        for p in procs:
+            p.wait_ready()
+        cpu0 = sum(cpu_seconds(p.pid) for p in procs)
+        t0 = time.perf_counter()
+        for p in procs:
+            p.go()
+        t1 = wait_empty(conn, TABLE[subject], timeout=max(120.0, jobs / 100))
+        cpu = sum(cpu_seconds(p.pid) for p in procs) - cpu0
+        # The workers' backends started with the drain (they connect on "go"): their whole
+        # CPU time is the drain's, give or take connecting.
+        server = backend_cpu(conn)
+        results: list[dict[str, Any]] = [p.finish() for p in procs]
+    done = sum(int(r["done"]) for r in results)
+    errors = [e for r in results for e in r.get("errors", [])]
+    if errors or done != jobs:
+        raise RuntimeError(
+            f"drain {' '.join((impl, *extra))}: {done} of {jobs} done, errors {errors}"
+        )
     return {
         "rate": jobs / (t1 - t0),
         "cpu_us_per_job": cpu / jobs * 1e6,

@@ -22,7 +22,7 @@ from sqla_jobs._db import libpq_conninfo
 from sqla_jobs.model import notify_channel
 
 from . import baseline
-from .app import KIND, Ping, make_engine, make_jobs, payload_dict
+from .app import KIND, Ping, UniquePing, make_engine, make_jobs, make_unique_jobs, payload_dict
 from .dbs import Subject, fresh_database
 from .figures import Outcome, Row, Series, Target
 from .settings import Context
@@ -52,6 +52,16 @@ def single_sqla(url: str, n: int) -> float:
     jobs = make_jobs()
     payloads = [Ping(n=i) for i in range(n)]
     return _session_loop(url, n, lambda s, i: jobs.enqueue(s, payloads[i] if i >= 0 else Ping(n=i)))
+
+
+def single_unique(url: str, n: int) -> float:
+    """:func:`single_sqla` for a unique kind (every key new): ``INSERT ... ON CONFLICT`` on the
+    unique index, its separate NOTIFY, the key computed from the payload."""
+    jobs = make_unique_jobs()
+    payloads = [UniquePing(n=i) for i in range(n)]
+    return _session_loop(
+        url, n, lambda s, i: jobs.enqueue(s, payloads[i] if i >= 0 else UniquePing(n=i))
+    )
 
 
 def session_floor(url: str, n: int) -> float:
@@ -120,6 +130,25 @@ def bulk_sqla(url: str, n: int) -> float:
         engine.dispose()
 
 
+def bulk_unique(url: str, n: int) -> float:
+    """:func:`bulk_sqla` for a unique kind (every key new): one ``INSERT ... SELECT FROM unnest
+    ... ON CONFLICT``, keys in order, instead of COPY."""
+    jobs = make_unique_jobs()
+    engine = make_engine(url)
+    try:
+        with Session(engine) as s, s.begin():
+            jobs.enqueue_many(s, [UniquePing(n=-1)])
+        payloads = [UniquePing(n=i) for i in range(n)]
+        t0 = time.perf_counter()
+        with Session(engine) as s, s.begin():
+            ids = jobs.enqueue_many(s, payloads)
+        elapsed = time.perf_counter() - t0
+        assert sum(ids.inserted) == n
+        return n / elapsed
+    finally:
+        engine.dispose()
+
+
 def bulk_table_floor(url: str, n: int) -> float:
     """The baseline's COPY loop (``json.dumps`` and ``write_row`` per row, no validation) into
     ``sqla_jobs_job``, with the columns ``enqueue_many`` sends (the id from its identity). Its ratio
@@ -155,9 +184,11 @@ def run(ctx: Context) -> Outcome:
     sizes = ctx.sizes
     cases = {
         "single": (sizes.enqueue_single, single_sqla, single_baseline),
+        "single_unique": (sizes.enqueue_single, single_unique, single_baseline),
         "floor": (sizes.enqueue_single, session_floor, single_baseline),
         "insert_floor": (sizes.enqueue_single, session_insert_floor, single_baseline),
         "bulk": (sizes.enqueue_bulk, bulk_sqla, bulk_baseline),
+        "bulk_unique": (sizes.enqueue_bulk, bulk_unique, bulk_baseline),
         "bulk_floor": (sizes.enqueue_bulk, bulk_table_floor, bulk_baseline),
     }
     results = {name: {"sqla_jobs": Series(), "baseline": Series()} for name in cases}
@@ -182,6 +213,8 @@ def run(ctx: Context) -> Outcome:
     rows = [
         row("single", f"1 txn per job, {single} jobs (ORM enqueue vs INSERT+COMMIT)", "jobs/s",
             "raw INSERT+COMMIT", target=Target("ratio_min", 0.7)),
+        row("single_unique", f"1 txn per job, {single} unique jobs (ORM enqueue, ON CONFLICT)",
+            "jobs/s", "raw INSERT+COMMIT", subject_label="sqla-jobs, unique kind"),
         row("floor", f"Session floor: SELECT 1 per Session txn, {single} (bounds the above)",
             "txn/s", "raw INSERT+COMMIT", subject_label="Session + SELECT 1"),
         row("insert_floor", f"Session INSERT floor: the enqueue's INSERT via exec_driver_sql, "
@@ -189,6 +222,8 @@ def run(ctx: Context) -> Outcome:
             subject_label="Session + raw INSERT"),
         row("bulk", f"bulk {bulk} jobs, 1 commit (enqueue_many vs COPY)", "jobs/s", "COPY",
             target=Target("ratio_min", 0.5)),
+        row("bulk_unique", f"bulk {bulk} unique jobs, 1 commit (enqueue_many: INSERT ON "
+            "CONFLICT vs COPY)", "jobs/s", "COPY", subject_label="sqla-jobs, unique kind"),
         row("bulk_floor", f"the baseline's COPY loop, {bulk} into the sqla-jobs table (what the "
             "table costs)", "jobs/s", "COPY", subject_label="raw COPY, sqla-jobs table"),
     ]  # fmt: skip

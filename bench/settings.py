@@ -17,6 +17,7 @@ class Sizes:
     enqueue_bulk: int = 100_000
     drain_jobs: int = 20_000
     drain_concurrency: tuple[int, ...] = (4, 16)
+    session_jobs: int = 10_000
     latency_jobs: int = 200
     latency_gap: float = 0.020
     mvcc_jobs: int = 10_000
@@ -37,6 +38,7 @@ QUICK = Sizes(
     enqueue_single=500,
     enqueue_bulk=10_000,
     drain_jobs=2_000,
+    session_jobs=1_000,
     latency_jobs=40,
     mvcc_jobs=1_000,
     sustained_rate=100.0,

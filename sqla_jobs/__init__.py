@@ -6,11 +6,13 @@ Enqueue rides the caller's own ``Session``: the job exists if and only if that t
 from __future__ import annotations
 
 from ._ops import CancelResult
+from ._schedule_ops import ScheduleInfo
 from .backoff import Backoff
 from .context import Discard, JobContext, Snooze
 from .errors import (
     ConfigurationError,
     DatabaseURLError,
+    DuplicateJobError,
     EnqueueError,
     EnqueueHookError,
     InvalidMetaError,
@@ -26,15 +28,20 @@ from .errors import (
     OperationError,
     PayloadTooLargeError,
     RegistryError,
+    ScheduleNotFoundError,
     SqlaJobsError,
     StepError,
+    UniqueKeyTakenError,
     UnknownKindError,
 )
 from .hooks import EnqueueBatch, Hooks, OutcomeEvent
 from .jobs import Jobs
 from .kinds import Kind, KindOptions
+from .links import link_table
 from .model import Job, JobHistory, JobState, QueueState, metadata
 from .retention import Retention
+from .schedules import Periodic
+from .unique import EnqueuedIds, OnConflict, Unique
 from .worker import Worker
 
 __all__ = [
@@ -43,9 +50,11 @@ __all__ = [
     "ConfigurationError",
     "DatabaseURLError",
     "Discard",
+    "DuplicateJobError",
     "EnqueueBatch",
     "EnqueueError",
     "EnqueueHookError",
+    "EnqueuedIds",
     "Hooks",
     "InvalidMetaError",
     "InvalidOptionError",
@@ -64,16 +73,23 @@ __all__ = [
     "Kind",
     "KindOptions",
     "LeaseLostError",
+    "OnConflict",
     "OperationError",
     "OutcomeEvent",
     "PayloadTooLargeError",
+    "Periodic",
     "QueueState",
     "RegistryError",
     "Retention",
+    "ScheduleInfo",
+    "ScheduleNotFoundError",
     "Snooze",
     "SqlaJobsError",
     "StepError",
+    "Unique",
+    "UniqueKeyTakenError",
     "UnknownKindError",
     "Worker",
+    "link_table",
     "metadata",
 ]

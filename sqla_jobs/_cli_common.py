@@ -8,12 +8,16 @@ import downward from here, never from each other.
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
+import sys
+from typing import Any
 
 import psycopg
 
 from ._db import ENV_VAR, libpq_conninfo, redact
 from ._preflight import check_job_table
+from .jobs import Jobs
 from .kinds import check_name
 
 EXIT_OK = 0
@@ -38,6 +42,12 @@ class CLIError(Exception):
 def env(name: str, default: str | None = None) -> str | None:
     """``SQLA_JOBS_<name>`` from the environment."""
     return os.environ.get(f"SQLA_JOBS_{name}", default)
+
+
+def env_off(name: str) -> bool:
+    """Whether ``SQLA_JOBS_<name>`` turns a feature off (``0``, ``false`` or ``no``): the default
+    of a ``--no-...`` flag."""
+    return (env(name) or "1").lower() in ("0", "false", "no")
 
 
 def database_url(args: argparse.Namespace) -> str:
@@ -81,7 +91,9 @@ def add_database_options(
     unset options do not overwrite what was given before the sub-command's name."""
     default: object = argparse.SUPPRESS if suppress else None
     parser.add_argument(
-        "--database-url", default=default, help=f"PostgreSQL URL (default: ${ENV_VAR})"
+        "--database-url",
+        default=default,
+        help=f"PostgreSQL URL, for any driver: postgresql://, postgresql+asyncpg://, ... (default: ${ENV_VAR})",
     )
     if schema:
         parser.add_argument(
@@ -99,3 +111,48 @@ def checked_name(what: str, value: str | None) -> str | None:
         return check_name(what, value)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
+
+
+def load_jobs(target: str) -> Jobs:
+    """Import ``MODULE:ATTR`` and return the :class:`Jobs` found there (the current directory is on
+    the import path, as for ``python -m``)."""
+    obj = load_object(target)
+    if not isinstance(obj, Jobs):
+        raise CLIError(f"{target} is a {type(obj).__qualname__}, not a sqla_jobs.Jobs")
+    return obj
+
+
+def load_sessionmaker(target: str) -> Any:
+    """Import ``MODULE:ATTR``: the application's sessionmaker, async_sessionmaker or engine,
+    for the handlers that take a Session."""
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker
+    from sqlalchemy.orm import sessionmaker
+
+    obj = load_object(target)
+    if not isinstance(obj, (sessionmaker, async_sessionmaker, Engine, AsyncEngine)):
+        raise CLIError(
+            f"--sessionmaker {target} is a {type(obj).__qualname__}, not a sessionmaker, "
+            "async_sessionmaker, Engine or AsyncEngine"
+        )
+    return obj
+
+
+def load_object(target: str) -> Any:
+    """Import ``MODULE:ATTR`` (dotted attributes allowed) and return it."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise CLIError(f"expected MODULE:ATTR (e.g. myapp.tasks:jobs), got {target!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CLIError(f"cannot import module {module_name!r}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise CLIError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return obj

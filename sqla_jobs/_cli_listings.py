@@ -12,10 +12,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Row
+from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
 from . import statements
 from ._cli_common import EXIT_NOT_APPLICABLE, CLIError, checked_name
+from ._cli_links import Linked, bad_value
+from ._cli_links import statement as linked_statement
 from .jobs import Jobs
 from .model import STATES, Job
 from .stats import _age, by_state
@@ -34,6 +37,8 @@ class JobQuery:
     kind: str | None
     meta: dict[str, Any] | None
     limit: int
+    #: Only the jobs linked to one row of the application's (``--linked``).
+    linked: Linked | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> JobQuery:
@@ -60,6 +65,7 @@ class JobQuery:
             kind=checked_name("kind", args.kind),
             meta=_meta(args.meta) if args.meta else None,
             limit=limit,
+            linked=Linked.parse(args.linked) if getattr(args, "linked", None) else None,
         )
 
 
@@ -97,7 +103,19 @@ def list_jobs(session: Session, jobs: Jobs, query: JobQuery) -> list[Row[Any]]:
         "meta": query.meta,
         "limit": query.limit,
     }
-    return list(session.execute(statements.list_jobs(), params, execution_options=_options(jobs)))
+    if query.linked is None:
+        return list(
+            session.execute(statements.list_jobs(), params, execution_options=_options(jobs))
+        )
+    stmt = linked_statement(session, jobs.schema, query.linked)
+    try:
+        found = session.execute(
+            stmt, {**params, "linked": query.linked.value}, execution_options=_options(jobs)
+        )
+    except DataError as exc:
+        # The server could not cast the value to the column's type: a usage error.
+        raise bad_value(query.linked, exc) from None
+    return list(found)
 
 
 def _time(value: datetime | None) -> str | None:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from . import _cli_listings as listings
+from . import _ops
 from ._cli_common import EXIT_OK, CLIError, add_database_options, checked_name, prepared_url
 from ._db import sqlalchemy_url
 from ._ops import FILTER_LIMIT
@@ -77,11 +78,15 @@ def cmd_retry(args: argparse.Namespace) -> int:
         raise CLIError("--kind and --queue filter --all-dead; with ids, give only ids")
     kind, queue = checked_name("kind", args.kind), checked_name("queue", args.queue)
     with open_session(args) as (jobs, session), session.begin():
-        done = jobs.retry(session, ids or None, kind=kind, queue=queue)
-    if not done:
+        result = _ops.retry_detail(session, jobs._scope, ids or None, kind=kind, queue=queue)
+    done = result.retried
+    if not done and not result.kept:
         print("no dead jobs to retry")
-    else:
+    elif done:
         print(said("retried", done) + _capped(done))
+    if result.kept:
+        kept = ", ".join(f"{i} (held by job {h})" for i, h in result.kept.items())
+        print(f"kept {len(result.kept)} dead, their unique key held by another job: {kept}")
     return EXIT_OK
 
 
@@ -180,6 +185,13 @@ def register(sub: Any, epilog: str) -> None:
         metavar="KEY=VALUE",
         help="only jobs whose meta has KEY with the string VALUE (KEY:=JSON for a number, "
         "true, false, null or any JSON value); repeat to require several",
+    )
+    ls.add_argument(
+        "--linked",
+        metavar="TABLE.COLUMN=VALUE",
+        help="only jobs linked to the row whose COLUMN is VALUE through the link table TABLE "
+        "(a table with a foreign key to the job table; SCHEMA.TABLE.COLUMN=VALUE to name its "
+        "schema), e.g. order_jobs.order_id=42",
     )
     ls.add_argument(
         "--limit",

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from ._cli_common import env_off
 from .errors import ConfigurationError
 from .retention import DEFAULT_RETENTION, FOREVER, Retention, format_duration, parse_duration
 
@@ -36,7 +37,7 @@ def add_retention_flags(worker: argparse.ArgumentParser) -> None:
     worker.add_argument(
         "--no-prune",
         action="store_true",
-        default=(os.environ.get("SQLA_JOBS_PRUNE") or "1").lower() in ("0", "false", "no"),
+        default=env_off("PRUNE"),
         help="never prune finished jobs from this worker (env SQLA_JOBS_PRUNE=0)",
     )
     worker.add_argument(

@@ -34,6 +34,10 @@ class WorkerConfig:
     #: None: no pruner thread.
     retention: Retention | None = DEFAULT_RETENTION
     prune_interval: float = 300.0
+    #: Run the scheduler of the application's periodic schedules (if it declares any).
+    schedules: bool = True
+    #: Seconds a handler may hold its Session's transaction open before a warning.
+    long_transaction: float = 60.0
 
     @property
     def heartbeat_seconds(self) -> float:
@@ -75,6 +79,10 @@ def check_config(config: WorkerConfig, jobs: Jobs) -> None:
         raise ConfigurationError(f"reap_interval must be > 0, got {config.reap_interval}")
     if config.prune_interval <= 0:
         raise ConfigurationError(f"prune_interval must be > 0 seconds, got {config.prune_interval}")
+    if not config.long_transaction > 0:
+        raise ConfigurationError(
+            f"long_transaction must be > 0 seconds, got {config.long_transaction}"
+        )
     if config.stuck_grace <= 0:
         raise ConfigurationError(f"stuck_grace must be > 0 seconds, got {config.stuck_grace}")
     if config.heartbeat_seconds <= 0 or config.heartbeat_seconds > config.lease / 3:

@@ -99,7 +99,11 @@ class Handoff:
             rows = conn.execute(
                 self._sql.claim.sql,
                 self._sql.claim.params(
-                    queue=queues[0], limit=limit, lease=self._lease, worker=self._worker
+                    queue=queues[0],
+                    limit=limit,
+                    lease=self._lease,
+                    worker=self._worker,
+                    monotonic=time.monotonic(),
                 ),
             ).fetchall()
         finally:

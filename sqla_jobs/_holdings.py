@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._outcome import Outcome
-from .context import ClaimedJob, JobContext
+from .context import ClaimedJob, ClaimedWithDue, ClaimedWithMeta, JobContext
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -63,6 +63,10 @@ class Holdings:
         #: When the oldest buffered job was buffered, and the oldest unwritten outcome finished.
         self.buffered_at = 0.0
         self.finished_since = 0.0
+        #: The claims return each job's meta too (``WorkerSQL.meta``): rows one column wider.
+        self.meta = False
+        #: The claims return each job's due_at last (``WorkerSQL.timed``, metrics on).
+        self.timed = False
 
     # -- counting ---------------------------------------------------------------------------------
 
@@ -94,8 +98,15 @@ class Holdings:
         if not self.buffer:
             self.buffered_at = now
         taken = 0
+        make = (
+            ClaimedWithMeta.from_row
+            if self.meta
+            else ClaimedWithDue.from_row
+            if self.timed
+            else ClaimedJob._make
+        )
         for row in rows:
-            job = ClaimedJob._make(row)
+            job = make(row)
             if job.crashes and (self.crashed if _last_life(job) else self.last_life):
                 self.give_back.append(job)
                 continue
@@ -197,6 +208,10 @@ class Holdings:
             running = self.running.get(key[0])
             if running is not None and running[0].lease_token == key[1]:
                 running[1].lease_lost.set()
+                if running[1].in_session:
+                    # Its row may be gone because its own transaction completed it: the fenced
+                    # completion in that transaction is the one to tell (and log) a real loss.
+                    continue
                 log.warning(
                     "job %s: lease lost (expired and reaped); its result will be discarded",
                     key[0],

@@ -3,17 +3,17 @@ async, each in the caller's own transaction (see :mod:`sqla_jobs._ops` for the r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 from . import _ops
 from ._ops import CancelResult
+from ._sessions import current, current_async
 from .model import Job
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncSession
+    from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
 
 
 class Operations:
@@ -30,8 +30,8 @@ class Operations:
 
     def retry(
         self,
-        session: Session,
-        ids: Sequence[int] | None = None,
+        session: Session | scoped_session[Any],
+        ids: _ops.Ids = None,
         *,
         kind: str | None = None,
         queue: str | None = None,
@@ -45,26 +45,34 @@ class Operations:
         ``last_error`` stay, for the record. Workers are woken at commit. An unknown id raises
         :class:`~sqla_jobs.JobNotFoundError`, a running or completed job
         :class:`~sqla_jobs.JobStateError`, before anything changed: the transaction stays usable.
+        A unique job whose key another job holds now (or that shares its key with a lower id of
+        ``ids``) raises :class:`~sqla_jobs.UniqueKeyTakenError` likewise; without ``ids``, such
+        jobs stay dead and the others are retried.
+
+        ``ids`` may also be a SELECT of job ids, run in ``session`` as written (for instance the
+        jobs linked to a row: ``select(order_jobs.c.job_id).where(order_jobs.c.order_id == 42)``):
+        a filter like ``kind`` and ``queue``, so it retries the dead jobs among them (ids of jobs
+        gone or in another state are no error), at most 10,000 per call.
         """
-        return _ops.retry(session, self._scope, ids, kind=kind, queue=queue)
+        return _ops.retry(current(session), self._scope, ids, kind=kind, queue=queue)
 
     async def retry_async(
         self,
-        session: AsyncSession,
-        ids: Sequence[int] | None = None,
+        session: AsyncSession | async_scoped_session[Any],
+        ids: _ops.Ids = None,
         *,
         kind: str | None = None,
         queue: str | None = None,
     ) -> list[int]:
         """:meth:`retry` for an ``AsyncSession``."""
-        return await session.run_sync(
+        return await current_async(session).run_sync(
             lambda s: _ops.retry(s, self._scope, ids, kind=kind, queue=queue)
         )
 
     def cancel(
         self,
-        session: Session,
-        ids: Sequence[int] | None = None,
+        session: Session | scoped_session[Any],
+        ids: _ops.Ids = None,
         *,
         kind: str | None = None,
         queue: str | None = None,
@@ -76,46 +84,55 @@ class Operations:
         the job, so a worker that dies meanwhile cannot put it back in the queue.
 
         ``ids``: pending or running jobs; without ``ids``: those of ``queue`` and ``kind``. Errors
-        as for :meth:`retry`, raised before anything changed.
+        as for :meth:`retry`, raised before anything changed. A SELECT of job ids is a filter, as
+        for :meth:`retry`: it cancels the pending and running jobs among them.
         """
-        return _ops.cancel(session, self._scope, ids, kind=kind, queue=queue)
+        return _ops.cancel(current(session), self._scope, ids, kind=kind, queue=queue)
 
     async def cancel_async(
         self,
-        session: AsyncSession,
-        ids: Sequence[int] | None = None,
+        session: AsyncSession | async_scoped_session[Any],
+        ids: _ops.Ids = None,
         *,
         kind: str | None = None,
         queue: str | None = None,
     ) -> CancelResult:
         """:meth:`cancel` for an ``AsyncSession``."""
-        return await session.run_sync(
+        return await current_async(session).run_sync(
             lambda s: _ops.cancel(s, self._scope, ids, kind=kind, queue=queue)
         )
 
-    def pause_queue(self, session: Session, name: str) -> None:
+    def pause_queue(self, session: Session | scoped_session[Any], name: str) -> None:
         """Stop every worker from claiming from queue ``name``, from their next claim after the
         commit on, until :meth:`resume_queue`. Stored in the database: it holds across worker
         restarts and for workers started later. Running jobs finish; enqueue still works."""
-        _ops.set_paused(session, self._scope, name, True)
+        _ops.set_paused(current(session), self._scope, name, True)
 
-    async def pause_queue_async(self, session: AsyncSession, name: str) -> None:
+    async def pause_queue_async(
+        self, session: AsyncSession | async_scoped_session[Any], name: str
+    ) -> None:
         """:meth:`pause_queue` for an ``AsyncSession``."""
-        await session.run_sync(lambda s: _ops.set_paused(s, self._scope, name, True))
+        await current_async(session).run_sync(lambda s: _ops.set_paused(s, self._scope, name, True))
 
-    def resume_queue(self, session: Session, name: str) -> None:
+    def resume_queue(self, session: Session | scoped_session[Any], name: str) -> None:
         """Let workers claim from queue ``name`` again; they are woken at commit."""
-        _ops.set_paused(session, self._scope, name, False)
+        _ops.set_paused(current(session), self._scope, name, False)
 
-    async def resume_queue_async(self, session: AsyncSession, name: str) -> None:
+    async def resume_queue_async(
+        self, session: AsyncSession | async_scoped_session[Any], name: str
+    ) -> None:
         """:meth:`resume_queue` for an ``AsyncSession``."""
-        await session.run_sync(lambda s: _ops.set_paused(s, self._scope, name, False))
+        await current_async(session).run_sync(
+            lambda s: _ops.set_paused(s, self._scope, name, False)
+        )
 
-    def get(self, session: Session, job_id: int) -> Job | None:
+    def get(self, session: Session | scoped_session[Any], job_id: int) -> Job | None:
         """The job ``job_id`` as ``session``'s transaction sees it, or None (a job that
         completed is gone, unless its row had to be kept)."""
-        return _ops.get(session, self._scope, job_id)
+        return _ops.get(current(session), self._scope, job_id)
 
-    async def get_async(self, session: AsyncSession, job_id: int) -> Job | None:
+    async def get_async(
+        self, session: AsyncSession | async_scoped_session[Any], job_id: int
+    ) -> Job | None:
         """:meth:`get` for an ``AsyncSession``."""
-        return await session.run_sync(lambda s: _ops.get(s, self._scope, job_id))
+        return await current_async(session).run_sync(lambda s: _ops.get(s, self._scope, job_id))

@@ -26,6 +26,7 @@ from ._sql import WorkerSQL
 from ._wakeups import Wakeups
 from ._writes import OutcomeWriter
 from .context import ClaimedJob
+from .statements import IMMEDIATE_CONSTRAINTS
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -40,6 +41,9 @@ class Lane:
     index: int
     conn: AsyncConn | None = None
     claimed: int = 0
+    #: The job table has deferred triggers (an application's DEFERRABLE INITIALLY DEFERRED
+    #: foreign key to it): each write pipeline makes them immediate first. Looked up at connect.
+    immediate: bool = False
 
 
 class Lanes:
@@ -65,6 +69,8 @@ class Lanes:
         self._keyed = keyed
         self._lease = timedelta(seconds=config.lease)
         self._writer = OutcomeWriter(sql, config.keep_history, counts)
+        #: Counts and logs a completion its handler's transaction committed.
+        self.committed = self._writer.committed
         self.lanes = [Lane(i) for i in range(LANES if config.concurrency > 1 else 1)]
         self._queue_turn = 0
 
@@ -73,6 +79,14 @@ class Lanes:
         if lane.conn is None or lane.conn.closed:
             role = f"claim{lane.index + 1}" if lane.index else "claim"
             lane.conn = await self._connector.aconnect(role)
+            # Once per connection, so a foreign key added while the worker runs is found at the
+            # reconnect that its first failed pipeline causes.
+            deferred = self._sql.deferred_job_triggers
+            cur = await lane.conn.execute(
+                deferred.sql, deferred.params(job_table=self._sql.job_table)
+            )
+            found = await cur.fetchone()
+            lane.immediate = bool(found and found[0])
         return lane.conn
 
     async def close(self, lane: Lane | None = None) -> None:
@@ -88,6 +102,7 @@ class Lanes:
             limit=limit,
             lease=self._lease,
             worker=self._connector.worker,
+            monotonic=time.monotonic(),
             **self._holdings.crash_params(),
         )
 
@@ -121,6 +136,8 @@ class Lanes:
             try:
                 if batch:
                     async with conn.pipeline():
+                        if lane.immediate:
+                            await conn.execute(IMMEDIATE_CONSTRAINTS)
                         sent = await self._writer.send(conn, batch)
                         claim_cur = await self._claim(conn, first, limit)
                 else:
@@ -204,6 +221,7 @@ class Lanes:
                     limit=limit,
                     lease=self._lease,
                     worker=self._connector.worker,
+                    monotonic=time.monotonic(),
                     **self._holdings.crash_params(),
                 ),
             )

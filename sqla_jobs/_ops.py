@@ -4,7 +4,8 @@ Like enqueue, they ride the caller's transaction: nothing happens unless it comm
 rollback undoes all of it; workers hear of a cancel or a resumed queue at commit (NOTIFY). Given
 explicit ids, an operation first locks those jobs and checks them all: an unknown id or a job in a
 state the operation does not apply to raises before anything changed, and the transaction stays
-usable.
+usable. Given a SELECT of job ids (the jobs linked to a row of the application's), it is a filter,
+as ``kind`` and ``queue`` are: it applies to the jobs among them in a state it applies to.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import Executable
 
 from . import statements
-from .errors import InvalidQueueNameError, JobNotFoundError, JobStateError
+from .errors import InvalidQueueNameError, JobNotFoundError, JobStateError, UniqueKeyTakenError
 from .kinds import check_name
 from .model import Job, JobState
 
@@ -27,7 +29,9 @@ _IDS_PER_NOTIFY = 500
 
 _LOCK = statements.lock_jobs()
 _FIND = statements.find_jobs()
+_FIND_AMONG = statements.find_jobs_among()
 _RETRY = statements.retry_jobs()
+_HOLDERS = statements.unique_holders()
 _CANCEL_PENDING = statements.cancel_pending()
 _REQUEST_CANCEL = statements.request_cancel()
 _SET_PAUSED = statements.set_queue_paused()
@@ -35,6 +39,10 @@ _NOTIFY = statements.notify()
 
 RETRYABLE = (JobState.DEAD.value, JobState.CANCELLED.value, JobState.PENDING.value)
 CANCELLABLE = (JobState.PENDING.value, JobState.RUNNING.value)
+
+#: What an operation is given: job ids (each must exist, in a state the operation applies to), a
+#: query of job ids (a SELECT, a UNION, a text(): a filter), or None (``kind`` and ``queue`` alone).
+Ids = Sequence[int] | Executable | None
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,7 @@ class Scope:
 def _targets(
     session: Session,
     scope: Scope,
-    ids: Sequence[int] | None,
+    ids: Ids,
     allowed: tuple[str, ...],
     filter_states: tuple[str, ...],
     what: str,
@@ -73,14 +81,21 @@ def _targets(
     queue: str | None,
 ) -> list[Any]:
     """The jobs an operation applies to, locked: ``ids`` checked (all exist, all in ``allowed``
-    states), or those in ``filter_states`` matching ``kind`` and ``queue``."""
-    if ids is None:
+    states), or those in ``filter_states`` matching ``kind`` and ``queue`` (and among the ids a
+    SELECT ``ids`` returns)."""
+    if ids is None or isinstance(ids, Executable):
         if queue is not None:
             _check_queue(queue)
-        params = {"states": list(filter_states), "kind": kind, "queue": queue}
+        params: dict[str, Any] = {"states": list(filter_states), "kind": kind, "queue": queue}
+        find = _FIND
+        if ids is not None:
+            # The application's own query, run as written: its tables are its own, so the
+            # schema_translate_map that places the job table must not touch them.
+            params["ids"] = sorted({int(i) for i in session.scalars(ids) if i is not None})
+            find = _FIND_AMONG
         return list(
             session.execute(
-                _FIND, {**params, "limit": FILTER_LIMIT}, execution_options=scope.options
+                find, {**params, "limit": FILTER_LIMIT}, execution_options=scope.options
             )
         )
     wanted = sorted({int(i) for i in ids})
@@ -99,30 +114,80 @@ def _targets(
     return rows
 
 
+@dataclass(frozen=True)
+class RetryResult:
+    """What :func:`retry_detail` did: the jobs ``retried``, and those a retry by filter ``kept``
+    as they were because another job holds their unique key (by job, that job)."""
+
+    retried: list[int] = field(default_factory=list)
+    kept: dict[int, int] = field(default_factory=dict)
+
+
+def _is_filter(ids: Ids) -> bool:
+    return ids is None or isinstance(ids, Executable)
+
+
 def retry(
     session: Session,
     scope: Scope,
-    ids: Sequence[int] | None = None,
+    ids: Ids = None,
     *,
     kind: str | None = None,
     queue: str | None = None,
 ) -> list[int]:
     """Run dead, cancelled or not-yet-due pending jobs again as soon as possible, both budgets
     whole again; without ``ids``, the dead jobs of ``kind`` and ``queue``. Returns the ids."""
+    return retry_detail(session, scope, ids, kind=kind, queue=queue).retried
+
+
+def retry_detail(
+    session: Session,
+    scope: Scope,
+    ids: Ids = None,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+) -> RetryResult:
+    """:func:`retry`, saying which jobs a retry by filter kept because of their unique key."""
     rows = _targets(session, scope, ids, RETRYABLE, ("dead",), "retry", kind, queue)
     if not rows:
-        return []
-    done = list(
-        session.execute(_RETRY, {"ids": [r[0] for r in rows]}, execution_options=scope.options)
+        return RetryResult()
+    targets = [r[0] for r in rows]
+    if any(r[4] for r in rows):
+        held = _held_keys(session, scope, targets)
+        if held and not _is_filter(ids):
+            taken = ", ".join(f"job {i}'s is held by job {h}" for i, h in sorted(held.items()))
+            raise UniqueKeyTakenError(
+                f"cannot retry: a unique key is taken ({taken}): nothing changed", held
+            )
+        targets = [i for i in targets if i not in held]
+    else:
+        held = {}
+    done = (
+        list(session.execute(_RETRY, {"ids": targets}, execution_options=scope.options))
+        if targets
+        else []
     )
     _wake(session, scope, {r[1] for r in done})
-    return sorted(r[0] for r in done)
+    return RetryResult(sorted(r[0] for r in done), held)
+
+
+def _held_keys(session: Session, scope: Scope, ids: list[int]) -> dict[int, int]:
+    """Of the unique jobs ``ids`` (locked), those a retry would put in a unique key's way: the
+    key is held by another job now, or shared with a lower id of ``ids`` (that one is retried).
+    By job, the job in its way. Locked rows cannot change; a job enqueued with one of these keys
+    after this check waits for this transaction (its insert waits on the index entry)."""
+    held: dict[int, int] = {}
+    for i, other, holds in session.execute(_HOLDERS, {"ids": ids}, execution_options=scope.options):
+        if (holds or other < i) and i not in held:
+            held[i] = other
+    return dict(sorted(held.items()))
 
 
 def cancel(
     session: Session,
     scope: Scope,
-    ids: Sequence[int] | None = None,
+    ids: Ids = None,
     *,
     kind: str | None = None,
     queue: str | None = None,

@@ -48,6 +48,8 @@ class Outcome:
     cancelled: bool = False
     #: How long the handler ran (seconds).
     runtime: float = 0.0
+    #: The completion was committed in the handler's own transaction: nothing left to write.
+    committed: bool = False
 
 
 def resolve(jobs: Jobs, job: ClaimedJob) -> tuple[Kind, Any] | Outcome:

@@ -14,7 +14,9 @@ from ._fetch import FetchLoop
 from ._handoff import Handoff
 from ._holdings import Holdings
 from ._lanes import Lanes
+from ._observe import Observer
 from ._prefetch import Prefetch
+from ._session_runs import SessionRuns
 from ._slots import Slots
 from ._sql import WorkerSQL
 from ._steps import StepWriter
@@ -46,6 +48,8 @@ def build_parts(
     counts: dict[str, int],
     keyed: bool,
     on_stuck: Callable[[ClaimedJob], None],
+    sessions: SessionRuns | None = None,
+    observer: Observer | None = None,
 ) -> Parts:
     """The parts, wired to one another (the hand-off only with ``config.listen``)."""
     steps = StepWriter(connector, sql.record_step)
@@ -69,6 +73,9 @@ def build_parts(
         lanes=len(lanes.lanes),
         stuck_grace=config.stuck_grace,
         on_stuck=on_stuck,
+        sessions=sessions,
+        committed=lanes.committed,
+        observer=observer,
     )
     handoff = None
     if config.listen:

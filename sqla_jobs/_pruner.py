@@ -147,7 +147,8 @@ def _prune_jobs(
         )
         try:
             deleted = conn.execute(sql.prune_jobs.sql, params).rowcount
-        except psycopg.errors.ForeignKeyViolation as exc:
+        except (psycopg.errors.ForeignKeyViolation, psycopg.errors.RestrictViolation) as exc:
+            # PostgreSQL 18 reports an ON DELETE RESTRICT key as a RestrictViolation (23001).
             found = _REFERENCED.search(exc.diag.message_detail or "")
             if found is None:
                 log.warning("cannot prune %s jobs: %s", state, exc, extra={"event": "prune_kept"})

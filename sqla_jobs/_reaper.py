@@ -4,13 +4,19 @@ Any number of workers may reap at once: the reap statement skips rows another re
 heartbeat) holds. It runs on its own thread and connection, on its own schedule, so it is never
 rounded up to a heartbeat tick and never waits behind a renewal. Each queue it puts jobs back into
 is notified, so idle workers pick the rescued jobs up at once instead of at their next poll.
+
+Each step also beats the worker's row in the registry of live workers (:mod:`sqla_jobs._registry`)
+and prunes the stale rows: on this connection, at this cadence, so the registry costs no
+connection or thread of its own.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from ._connections import ConnectionThread, Connector
+from ._registry import Registry
 from ._sql import WorkerSQL
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -20,19 +26,31 @@ _BATCH = 100
 
 
 class Reaper(ConnectionThread):
-    """Every ``interval`` seconds, reap every expired lease (in batches) and wake the queues
-    they go back to through ``channel``."""
+    """Every ``interval`` seconds, beat ``registry`` (if any), reap every expired lease (in
+    batches) and wake the queues they go back to through ``channel``; ``on_reaped(kind, queue)``
+    hears each job reaped (the metrics' crash counter)."""
 
     def __init__(
-        self, *, connector: Connector, sql: WorkerSQL, interval: float, channel: str
+        self,
+        *,
+        connector: Connector,
+        sql: WorkerSQL,
+        interval: float,
+        channel: str,
+        registry: Registry | None = None,
+        on_reaped: Callable[[str, str], None] | None = None,
     ) -> None:
         super().__init__(connector, "reaper", what="reaper connection", event="lease_conn_lost")
         self._sql = sql
         self._interval = interval
         self._channel = channel
+        self._registry = registry
+        self._on_reaped = on_reaped
         self.reaped = 0
 
     def step(self) -> float:
+        if self._registry is not None:
+            self._registry.beat(self.connection())
         self.reap()
         return self._interval
 
@@ -53,6 +71,8 @@ class Reaper(ConnectionThread):
                     state,
                     extra={"event": "reaped", "job_id": job_id, "kind": kind, "state": state},
                 )
+                if self._on_reaped is not None:
+                    self._on_reaped(str(kind), str(queue))
                 if state == "pending" and queue not in woken:
                     # After the reap committed (autocommit): a woken worker sees the rows.
                     conn.execute(

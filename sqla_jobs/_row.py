@@ -17,6 +17,7 @@ from sqlalchemy import BigInteger, Text
 from sqlalchemy.types import TypeEngine
 
 from .kinds import Kind
+from .unique import UniqueKey
 
 #: How COPY's text format writes a column's values: ``name`` as is (checked against ``NAME_RE``),
 #: ``json`` with its backslashes (and any raw control character) escaped, ``text`` fully escaped,
@@ -75,6 +76,9 @@ class Prepared:
     concurrency_limit: int | None
     #: The JSON text of the job's ``meta`` object; None when it has none (SQL NULL).
     meta: str | None = None
+    #: A unique job's key; None for the others. Not one of :data:`COLUMNS`: unique jobs take
+    #: their own statements (``INSERT ... ON CONFLICT``), and the plain ones never pay for it.
+    unique: UniqueKey | None = None
 
     def values(self) -> list[Any]:
         """The row's values, in :data:`COLUMNS` order."""
@@ -85,10 +89,12 @@ class Batch:
     """Validated jobs as parallel lists, one per :data:`COLUMNS` entry in its order, in payload
     order: what ``enqueue_many`` writes."""
 
-    __slots__ = ("columns",)
+    __slots__ = ("columns", "unique")
 
     def __init__(self) -> None:
         self.columns: list[list[Any]] = [[] for _ in COLUMNS]
+        #: Per job, its unique key or None; None for a batch without unique jobs.
+        self.unique: list[UniqueKey | None] | None = None
 
     def __len__(self) -> int:
         return len(self.columns[0])
@@ -107,8 +113,13 @@ class Batch:
 
     def add(self, job: Prepared) -> None:
         """Append one job."""
+        n = len(self)
         for column, value in zip(self.columns, job.values(), strict=True):
             column.append(value)
+        if job.unique is not None or self.unique is not None:
+            if self.unique is None:
+                self.unique = [None] * n
+            self.unique.append(job.unique)
 
     def add_run(self, template: Prepared, varying: dict[str, list[Any]]) -> None:
         """Append jobs that share ``template``'s values but for the ``varying`` columns (one value
@@ -116,8 +127,13 @@ class Batch:
         n = len(next(iter(varying.values())))
         for name, column, value in zip(NAMES, self.columns, template.values(), strict=True):
             column += varying[name] if name in varying else [value] * n
+        if self.unique is not None:
+            self.unique += [None] * n
 
     def absorb(self, other: Batch) -> None:
         """Append ``other``'s jobs after this batch's."""
+        n = len(self)
         for mine, theirs in zip(self.columns, other.columns, strict=True):
             mine += theirs
+        if other.unique is not None or self.unique is not None:
+            self.unique = (self.unique or [None] * n) + (other.unique or [None] * len(other))

@@ -20,6 +20,9 @@ from ._leases import LeaseKeeper
 from ._listener import Listener
 from ._pruner import Pruner
 from ._reaper import Reaper
+from ._registry import Registry
+from ._sampler import Sampler
+from ._scheduler import Scheduler
 from ._sql import WorkerSQL
 from ._wakeups import Wakeups
 
@@ -37,11 +40,14 @@ def start_threads(
     cancel_channel: str,
     on_cancel: Callable[[list[int]], None],
     schema: str | None = None,
+    registry: Registry | None = None,
+    on_reaped: Callable[[str, str], None] | None = None,
 ) -> tuple[LeaseKeeper, Reaper, Pruner | None, Listener | None]:
     """Start the heartbeat and reaper threads, the pruner unless the configuration keeps every
     finished job (``retention`` None or all forever), and the listener unless ``handoff`` is None
     (poll-only mode). ``on_cancel`` runs on the event loop with the ids of running jobs an
-    operator cancelled, heard on ``cancel_channel`` or from a heartbeat."""
+    operator cancelled, heard on ``cancel_channel`` or from a heartbeat. The reaper beats
+    ``registry`` and tells ``on_reaped`` of each job it reaps."""
 
     def cancel_from_thread(ids: list[int]) -> None:
         wakeups.call_soon(on_cancel, ids)
@@ -57,7 +63,14 @@ def start_threads(
         paused=heartbeats_paused,
     )
     leases.start()
-    reaper = Reaper(connector=connector, sql=sql, interval=config.reap_seconds, channel=channel)
+    reaper = Reaper(
+        connector=connector,
+        sql=sql,
+        interval=config.reap_seconds,
+        channel=channel,
+        registry=registry,
+        on_reaped=on_reaped,
+    )
     reaper.start()
     pruner = None
     if config.retention is not None and config.retention.prunes:
@@ -82,7 +95,9 @@ def start_threads(
     return leases, reaper, pruner, listener
 
 
-async def stop_thread(thread: LeaseKeeper | Reaper | Pruner | Listener | None) -> None:
+async def stop_thread(
+    thread: LeaseKeeper | Reaper | Pruner | Listener | Scheduler | Sampler | None,
+) -> None:
     """Ask ``thread`` to stop and wait for it (at most 10 s), off the event loop."""
     if thread is not None and thread.is_alive():
         thread.stop()

@@ -22,11 +22,15 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from ._holdings import Holdings
+from ._observe import Observer
 from ._outcome import HandlerTimeout, Outcome, cancelled, describe, failed, resolve, snoozed
+from ._overruns import Overruns
 from ._prefetch import Prefetch
+from ._session_runs import SessionRuns
 from ._threads import SyncRunners
 from ._wakeups import Wakeups
 from .context import ClaimedJob, JobContext, Recorder, Snooze
+from .errors import LeaseLostError
 from .hooks import run_middleware
 from .jobs import Jobs
 from .kinds import Kind
@@ -56,6 +60,9 @@ class Slots:
         lanes: int,
         stuck_grace: float,
         on_stuck: Callable[[ClaimedJob], None],
+        sessions: SessionRuns | None = None,
+        committed: Callable[[Outcome], None] | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self._jobs = jobs
         self._worker = worker
@@ -67,6 +74,9 @@ class Slots:
         self._lanes = lanes
         self._stuck_grace = stuck_grace
         self._on_stuck = on_stuck
+        self._sessions = sessions
+        self._committed = committed
+        self._observer = observer
         #: Whether a job's end gives the fetch loop something to do (set by the worker: the fetch
         #: loop is built after the slots).
         self.loop_has_work: Callable[[], bool] = lambda: True
@@ -76,6 +86,7 @@ class Slots:
         #: inspect.iscoroutinefunction per handler, computed once (it costs ~1.5 us per call).
         self._is_async: dict[Any, bool] = {}
         self._runners: SyncRunners | None = None
+        self._overrun = Overruns(holdings, stuck_grace, on_stuck)
 
     def fill(self) -> None:
         """Give the buffered jobs to free slots. One task per slot rather than per job: creating
@@ -126,6 +137,9 @@ class Slots:
         ctx = JobContext.for_job(job, self._worker, self._recorder, timeout)
         self._holdings.running[job.id] = (job, ctx, task)
         started = time.monotonic()
+        observer = self._observer
+        if observer is not None:
+            observer.started(job, started)
         outcome: Outcome | None = None
         error: BaseException | None = None
         hooks = self._jobs.hooks
@@ -137,11 +151,12 @@ class Slots:
                 try:
                     if hooks.middlewares:
                         # Hook call site: the chain around the call; skipped (one test) without.
+                        ctx._read_meta(job)
                         call = functools.partial(self._call, kind, args, job, ctx, True)
                         await run_middleware(hooks.middlewares, ctx, call)
                     else:
                         await self._call(kind, args, job, ctx)
-                    outcome = Outcome(job)
+                    outcome = Outcome(job, committed=kind.wants_session)
                 except asyncio.CancelledError as exc:
                     if exc.args != (_CANCEL,):
                         raise  # at the shutdown timeout: no outcome; the job is given back
@@ -153,6 +168,13 @@ class Slots:
                 except Snooze as exc:
                     error = exc
                     outcome = snoozed(job, exc)
+                except LeaseLostError as exc:
+                    error = exc
+                    if kind.wants_session:
+                        # Its transaction rolled back: the job belongs to its new owner.
+                        log.warning("%s", exc, extra={"event": "lease_lost", "job_id": job.id})
+                    else:
+                        outcome = failed(job, kind, exc)
                 except Exception as exc:
                     error = exc
                     if job.id in self._holdings.cancelling:
@@ -164,7 +186,12 @@ class Slots:
             self._prefetch.observe(now - started)
             if outcome is not None:
                 outcome.runtime = now - started
-            self._holdings.end(job, outcome, now)
+            if outcome is not None and outcome.committed:
+                self._holdings.end(job, None, now)
+                assert self._committed is not None
+                self._committed(outcome)
+            else:
+                self._holdings.end(job, outcome, now)
             wakeups = self._wakeups
             if job.concurrency_key is not None:
                 # Its key has room again: look for the key's next job without waiting for a poll.
@@ -173,6 +200,8 @@ class Slots:
                 wakeups.event.set()
             if outcome is not None and hooks.outcome_hooks:
                 hooks._report(outcome, error)  # hook call site; never raises
+            if outcome is not None and observer is not None:
+                observer.ended(outcome, True)
 
     def cancel(self, ids: Iterable[int]) -> None:
         """An operator asked to cancel the jobs ``ids``: each one this worker runs is told
@@ -195,6 +224,8 @@ class Slots:
             holdings.finish(outcome, time.monotonic())
             if hooks.outcome_hooks:
                 hooks._report(outcome, None)  # hook call site; never raises
+            if self._observer is not None:
+                self._observer.ended(outcome, False)
         self._wakeups.event.set()
 
     async def _call(
@@ -208,6 +239,9 @@ class Slots:
         if is_async is None:
             is_async = self._is_async[handler] = inspect.iscoroutinefunction(handler)
         timeout = kind.options.timeout
+        if kind.wants_session:
+            await self._session_call(kind, args, job, ctx, is_async, wrapped)
+            return
         if is_async:
             call: Any = handler(args, ctx)
             if timeout is None:
@@ -218,55 +252,64 @@ class Slots:
                 except asyncio.TimeoutError:  # not the built-in TimeoutError before 3.11
                     raise HandlerTimeout(f"timed out after {timeout:g}s") from None
         else:
-            if self._runners is None:
-                self._runners = SyncRunners(
-                    asyncio.get_running_loop(), self._concurrency, "sqla-jobs-handler"
-                )
+            runners = self._sync_runners()
             if wrapped:
-                future = self._runners.submit(contextvars.copy_context().run, handler, args, ctx)
+                future = runners.submit(contextvars.copy_context().run, handler, args, ctx)
             else:
-                future = self._runners.submit(handler, args, ctx)
+                future = runners.submit(handler, args, ctx)
             try:
-                result = await self._sync_result(future, timeout, job, ctx)
+                result = await self._overrun.result(future, timeout, job, ctx)
             finally:
                 future.cancel()  # cancelled at shutdown: the runner drops the result
         if result is not None and inspect.isawaitable(result):
             await result
 
-    async def _sync_result(
-        self, future: asyncio.Future[Any], timeout: float | None, job: ClaimedJob, ctx: JobContext
-    ) -> Any:
-        if timeout is None:
-            return await future
-        done, _ = await asyncio.wait({future}, timeout=timeout)
-        if done:
-            return future.result()
-        log.warning(
-            "job %s (%s) passed its timeout of %gs; its sync handler cannot be interrupted: the "
-            "job stays running until the handler returns",
-            job.id,
-            job.kind,
-            timeout,
-            extra={"event": "timeout_overrun", "job_id": job.id, "kind": job.kind},
-        )
-        done, _ = await asyncio.wait({future}, timeout=self._stuck_grace)
-        if not done:
-            self._holdings.stuck.add(job.id)
-            log.error(
-                "job %s (%s): its sync handler is still running %gs past its timeout and cannot "
-                "be stopped; the worker stops claiming and exits for a restart. The job is not "
-                "given back: it is reaped once this process is gone",
-                job.id,
-                job.kind,
-                self._stuck_grace,
-                extra={"event": "stuck", "job_id": job.id, "kind": job.kind},
+    async def _session_call(
+        self,
+        kind: Kind,
+        args: Any,
+        job: ClaimedJob,
+        ctx: JobContext,
+        is_async: bool,
+        wrapped: bool,
+    ) -> None:
+        """Run a handler that takes a Session, with its job's completion in its transaction."""
+        sessions = self._sessions
+        assert sessions is not None
+        ctx.in_session = True  # ctx.step refuses: a step would outlive writes rolled back
+        timeout = kind.options.timeout
+        watch = sessions.watch(job)
+        try:
+            if is_async:
+                call = sessions.async_call(kind, args, ctx, job)
+                if timeout is None:
+                    await call
+                    return
+                try:
+                    await asyncio.wait_for(call, timeout)
+                except asyncio.TimeoutError:
+                    raise HandlerTimeout(f"timed out after {timeout:g}s") from None
+                return
+            run = sessions.sync_call(kind, args, ctx, job)
+            runners = self._sync_runners()
+            if wrapped:
+                future = runners.submit(contextvars.copy_context().run, run)
+            else:
+                future = runners.submit(run)
+            try:
+                await self._overrun.result(future, timeout, job, ctx)
+            except HandlerTimeout:
+                # Returned past the timeout, but before its deadline check: it committed.
+                if not (future.done() and not future.cancelled() and future.exception() is None):
+                    raise
+            finally:
+                future.cancel()
+        finally:
+            watch.cancel()
+
+    def _sync_runners(self) -> SyncRunners:
+        if self._runners is None:
+            self._runners = SyncRunners(
+                asyncio.get_running_loop(), self._concurrency, "sqla-jobs-handler"
             )
-            self._on_stuck(job)
-            await asyncio.shield(future)  # until it returns, or the shutdown cancels this task
-        took = time.monotonic() - (ctx.deadline or 0.0) + timeout
-        error = future.exception()
-        detail = f": {type(error).__name__}" if error is not None else ""
-        raise HandlerTimeout(
-            f"timed out after {timeout:g}s (the sync handler returned {took:.1f}s after it "
-            f"started{detail})"
-        )
+        return self._runners

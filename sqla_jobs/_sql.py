@@ -41,11 +41,30 @@ def compile_statement(stmt: ClauseElement, schema: str | None) -> Compiled:
     return Compiled(sql=str(compiled), defaults=defaults)
 
 
-class WorkerSQL:
-    """Every statement a worker runs, compiled for one schema."""
+#: The claim and the keyed claim, by (meta, timed): each column only for a worker that reads it.
+_CLAIMS = {
+    (False, False): (statements.claim, statements.claim_keyed),
+    (True, False): (statements.claim_with_meta, statements.claim_keyed_with_meta),
+    (False, True): (statements.claim_with_due_at, statements.claim_keyed_with_due_at),
+    (True, True): (
+        statements.claim_with_meta_and_due_at,
+        statements.claim_keyed_with_meta_and_due_at,
+    ),
+}
 
-    def __init__(self, schema: str | None) -> None:
-        self.claim = compile_statement(statements.claim(), schema)
+
+class WorkerSQL:
+    """Every statement a worker runs, compiled for one schema; ``meta``: the claims return each
+    job's meta too (for a middleware that reads ``ctx.meta``); ``timed``: and when each job
+    became due, last (for the metrics' pickup delay)."""
+
+    def __init__(self, schema: str | None, meta: bool = False, timed: bool = False) -> None:
+        claim, claim_keyed = _CLAIMS[meta, timed]
+        #: Whether the claims return each job's meta (a 15th column, after ClaimedJob's).
+        self.meta = meta
+        #: Whether the claims return each job's due_at (the last column).
+        self.timed = timed
+        self.claim = compile_statement(claim(), schema)
         self.complete = compile_statement(statements.complete(), schema)
         self.complete_into_history = compile_statement(statements.complete_into_history(), schema)
         self.fail = compile_statement(statements.fail(), schema)
@@ -58,5 +77,8 @@ class WorkerSQL:
         self.finish_cancelled = compile_statement(statements.finish_cancelled(), schema)
         self.reap = compile_statement(statements.reap(), schema)
         self.lock_keys = compile_statement(statements.lock_keys(), schema)
-        self.claim_keyed = compile_statement(statements.claim_keyed(), schema)
+        self.claim_keyed = compile_statement(claim_keyed(), schema)
         self.record_step = compile_statement(statements.record_step(), schema)
+        self.deferred_job_triggers = compile_statement(statements.deferred_job_triggers(), schema)
+        #: The job table's name, as the catalog statements take it.
+        self.job_table = statements.job_table_name(schema)

@@ -137,6 +137,11 @@ class OutcomeWriter:
         for outcome, cur in fail_curs:
             self._log_written(outcome, await cur.fetchone())
 
+    def committed(self, outcome: Outcome) -> None:
+        """Count and log a completion committed in its handler's own transaction."""
+        self._counts["done"] += 1
+        self._successes.log([outcome])
+
     async def isolate(self, conn: AsyncConn, batch: list[Outcome]) -> list[Outcome]:
         """Write each outcome of ``batch`` on its own (after the batch as a whole failed). Returns
         the outcomes not written because the connection was lost (to be retried)."""

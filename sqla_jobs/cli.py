@@ -1,5 +1,5 @@
-"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``jobs``, ``queues``, ``migrate``, ``prune`` and
-``demo``.
+"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``jobs``, ``queues``, ``workers``, ``migrate``,
+``prune`` and ``demo``.
 
 Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 bad usage or
 configuration (including a bad ``MODULE:ATTR``, a bad filter or queue name, a bad log level or log
@@ -14,16 +14,15 @@ An unexpected database error is one line on stderr; SQLA_JOBS_DEBUG=1 shows its 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import psycopg
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from . import _cli_ops
+from . import _cli_ops, _cli_schedules, _cli_workers
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_FORCED,
@@ -36,6 +35,9 @@ from ._cli_common import (
     check_reachable,
     database_url,
     env,
+    env_off,
+    load_jobs,
+    load_sessionmaker,
     prepared_url,
 )
 from ._cli_prune import add_prune_command, add_retention_flags, retention_options
@@ -45,34 +47,12 @@ from .errors import (
     JobNotFoundError,
     JobStateError,
     NotMigratedError,
+    ScheduleNotFoundError,
     SqlaJobsError,
+    UniqueKeyTakenError,
 )
-from .jobs import Jobs
 
 T = TypeVar("T", int, float)
-
-
-def load_jobs(target: str) -> Jobs:
-    """Import ``MODULE:ATTR`` and return the :class:`Jobs` found there (the current directory is on
-    the import path, as for ``python -m``)."""
-    module_name, sep, attr = target.partition(":")
-    if not sep or not module_name or not attr:
-        raise CLIError(f"expected MODULE:ATTR (e.g. myapp.tasks:jobs), got {target!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise CLIError(f"cannot import module {module_name!r}: {exc}") from None
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise CLIError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(obj, Jobs):
-        raise CLIError(f"{target} is a {type(obj).__qualname__}, not a sqla_jobs.Jobs")
-    return obj
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -101,6 +81,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         keep_history=args.keep_history,
         prefetch=args.prefetch,
         prepared_statements=not args.no_prepared_statements,
+        schedules=not args.no_schedules,
+        sessionmaker=load_sessionmaker(args.sessionmaker) if args.sessionmaker else None,
+        metrics=_cli_workers.metrics_option(args),
         **retention_options(args),
     )
     check_reachable(url)
@@ -215,13 +198,27 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--no-listen",
         action="store_true",
-        default=(env("LISTEN", "1") or "1").lower() in ("0", "false", "no"),
+        default=env_off("LISTEN"),
         help="poll only, no LISTEN (PgBouncer transaction pooling; env SQLA_JOBS_LISTEN=0)",
+    )
+    w.add_argument(
+        "--sessionmaker",
+        metavar="MODULE:ATTR",
+        default=env("SESSIONMAKER"),
+        help="the application's sessionmaker (or async_sessionmaker, or engine) for handlers that "
+        "take a Session; default: one on the worker's database URL (env SQLA_JOBS_SESSIONMAKER)",
+    )
+    w.add_argument(
+        "--no-schedules",
+        action="store_true",
+        default=env_off("SCHEDULES"),
+        help="do not enqueue the ticks of the application's periodic schedules (env "
+        "SQLA_JOBS_SCHEDULES=0)",
     )
     w.add_argument(
         "--no-prepared-statements",
         action="store_true",
-        default=(env("PREPARED_STATEMENTS", "1") or "1").lower() in ("0", "false", "no"),
+        default=env_off("PREPARED_STATEMENTS"),
         help="never prepare statements server-side (PgBouncer < 1.21 in transaction pooling; "
         "env SQLA_JOBS_PREPARED_STATEMENTS=0)",
     )
@@ -239,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="copy finished jobs into sqla_jobs_history (env SQLA_JOBS_KEEP_HISTORY=1)",
     )
     add_retention_flags(w)
+    _cli_workers.add_metrics_flags(w, _numberenv)
     w.add_argument(
         "--log-level",
         default=env("LOG_LEVEL", "INFO"),
@@ -274,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_stats)
 
     _cli_ops.register(sub, epilog)
+    _cli_schedules.register(sub, epilog)
+    _cli_workers.register(sub, epilog)
 
     m = sub.add_parser("migrate", help="create or upgrade the queue table (alembic upgrade)")
     db(m)
@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sqla-jobs`` console script; returns the exit code."""
     try:
         parser = build_parser()
-        args = parser.parse_args(argv)
+        args = parser.parse_args(_default_schedules_command(sys.argv[1:] if argv is None else argv))
         code: int = args.func(args)
         return code
     except NotMigratedError as exc:
@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CLIError as exc:
         print(f"sqla-jobs: error: {exc}", file=sys.stderr)
         return exc.code
-    except (JobNotFoundError, JobStateError) as exc:
+    except (JobNotFoundError, JobStateError, ScheduleNotFoundError, UniqueKeyTakenError) as exc:
         print(f"sqla-jobs: error: {exc}", file=sys.stderr)
         return EXIT_NOT_APPLICABLE
     except (ConfigurationError, SqlaJobsError) as exc:
@@ -316,6 +316,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"sqla-jobs: error: {_database_error(exc)}", file=sys.stderr)
         return EXIT_ERROR
+
+
+def _default_schedules_command(argv: Sequence[str]) -> list[str]:
+    """``sqla-jobs schedules APP`` is ``sqla-jobs schedules list APP``."""
+    args = list(argv)
+    if not args or args[0] != "schedules":
+        return args
+    # The first word that is neither an option nor an option's value: APP, or a subcommand.
+    i = 1
+    while i < len(args) and args[i].startswith("-"):
+        i += 2 if args[i] in ("--database-url", "--schema") else 1
+    if i < len(args) and args[i] not in ("list", "run", "pause", "resume"):
+        args.insert(1, "list")
+    return args
 
 
 def _database_error(exc: psycopg.Error | SQLAlchemyError) -> str:

@@ -13,12 +13,12 @@ import threading
 import time
 import typing
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, NoReturn, TypeVar
 
-from .errors import JobCancelledError, LeaseLostError, StepError
+from .errors import ConfigurationError, JobCancelledError, LeaseLostError, StepError
 
 
 class ClaimedJob(NamedTuple):
@@ -43,6 +43,54 @@ class ClaimedJob(NamedTuple):
     steps: str | dict[str, Any] | None
 
 
+class ClaimedWithMeta(ClaimedJob):
+    """A claimed job and its meta: a row of a claim that returns the ``meta`` column too, as its
+    element after :class:`ClaimedJob`'s fields (``statements.claim_with_meta``).
+
+    A subclass rather than a field of ClaimedJob with a default: a worker without a middleware
+    that reads meta builds its jobs from the plain claim's rows exactly as before, with no column,
+    copy or default more per job.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ClaimedWithMeta:
+        """The job of one row of a claim with meta."""
+        return tuple.__new__(cls, row)
+
+    @property
+    def meta(self) -> str | dict[str, Any] | None:
+        """The job's meta, as the claim returned it: JSON text (the worker fetches jsonb as text),
+        a decoded dict, or None for a job without meta."""
+        return typing.cast("str | dict[str, Any] | None", tuple.__getitem__(self, _META_AT))
+
+
+class ClaimedWithDue(ClaimedJob):
+    """A claimed job and when it became due: a row of a claim that returns ``due_at`` too, as its
+    last element (``statements.claim_with_due_at``: the claim of a worker with metrics). With
+    the meta as well, the row is a :class:`ClaimedWithMeta` whose last element is ``due_at``.
+    Read it with :func:`due_at`."""
+
+    __slots__ = ()
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> ClaimedWithDue:
+        """The job of one row of a claim with ``due_at``."""
+        return tuple.__new__(cls, row)
+
+
+def due_at(job: ClaimedJob) -> float:
+    """When ``job`` became due (its ``run_at``), as a :func:`time.monotonic` value of this
+    process: the last element of a row claimed with ``due_at`` (a :class:`ClaimedWithDue`, or a
+    :class:`ClaimedWithMeta` of such a claim). The claim computes it from the database's clock,
+    so the pickup delay is ``time.monotonic() - due_at(job)`` when the handler starts."""
+    return typing.cast(float, tuple.__getitem__(job, -1))
+
+
+_META_AT = len(ClaimedJob._fields)
+#: ``JobContext._meta`` of a context whose worker did not read the job's meta.
+_UNREAD: Any = object()
 _LAZY_LOCK = threading.Lock()
 
 
@@ -105,6 +153,43 @@ class JobContext:
     recorder: Recorder | None = field(default=None, repr=False)
     interruptions: int = 0
     deadline: float | None = None
+    #: The handler took a Session whose writes commit with the job's completion: :meth:`step`
+    #: and :meth:`astep` refuse to run (set by whoever runs the handler, the worker or
+    #: ``sqla_jobs.testing``).
+    in_session: bool = field(default=False, repr=False)
+    # The job's meta as the claim returned it, or _UNREAD. A class attribute, not a dataclass
+    # field: the worker sets it on the contexts of its jobs only when a middleware reads meta,
+    # and no other context pays a store for it.
+    _meta = _UNREAD
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The job's ``meta`` as stored at enqueue (the ``on_enqueue`` hooks' additions
+        included); ``{}`` for a job without meta. Changing the dict changes nothing stored.
+
+        The worker reads meta only when a middleware asks for it
+        (``jobs.hooks.middleware(fn, meta=True)``, as tracing does), so that no other worker's
+        claim fetches the column: without one (and under ``sqla_jobs.testing``, which runs no
+        middleware) this raises :class:`~sqla_jobs.ConfigurationError`.
+        """
+        value = self._meta
+        if value is _UNREAD:
+            raise ConfigurationError(
+                f"job {self.job_id} ({self.kind}): ctx.meta was not read; the worker reads each "
+                "job's meta only when a middleware registered with "
+                "jobs.hooks.middleware(fn, meta=True) exists when it starts"
+            )
+        if value is None:
+            value = self._meta = {}
+        elif isinstance(value, str):
+            value = self._meta = json.loads(value)
+        return typing.cast(dict[str, Any], value)
+
+    def _read_meta(self, job: ClaimedJob) -> None:
+        """Take the meta ``job`` was claimed with, when its claim returned it (a
+        :class:`ClaimedWithMeta`)."""
+        if job.__class__ is ClaimedWithMeta:
+            self._meta = job.meta
 
     @property
     def rerun(self) -> bool:
@@ -182,6 +267,7 @@ class JobContext:
         now. Not exactly-once: if the process dies after ``fn``'s side effect and before the
         record, ``fn`` runs again on the retry.
         """
+        self._refuse_in_session(name)
         if name in self.steps:
             return typing.cast(T, self.steps[name])
         self._refuse_if_cancelled(name)
@@ -192,6 +278,7 @@ class JobContext:
     async def astep(self, name: str, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """:meth:`step` for async code: ``fn`` may be a coroutine function; the record is written
         from a thread so the event loop is not blocked."""
+        self._refuse_in_session(name)
         if name in self.steps:
             return self.steps[name]
         self._refuse_if_cancelled(name)
@@ -200,6 +287,17 @@ class JobContext:
             result = await result
         await asyncio.to_thread(self._record, name, result)
         return result
+
+    def _refuse_in_session(self, name: str) -> None:
+        # A step's record commits on its own, at once; the session's writes commit only with the
+        # completion. After a failed run the record would say "done" of writes that rolled back.
+        if self.in_session:
+            raise StepError(
+                f"job {self.job_id} ({self.kind}): step {name!r} refused: durable steps do not "
+                "mix with a handler that takes a session, whose writes commit only with the "
+                "job's completion (a recorded step would outlive writes that rolled back); the "
+                "run is all-or-nothing already: split the work into jobs instead"
+            )
 
     def _refuse_if_cancelled(self, name: str) -> None:
         if self._cancelled is not None and self._cancelled.is_set():

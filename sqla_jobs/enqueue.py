@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from itertools import chain
 from typing import TYPE_CHECKING, Any, cast
 
 import psycopg
-from sqlalchemy import Connection, Dialect, Row, inspect
+from sqlalchemy import Connection, Dialect, inspect
 from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Mapper, Session, configure_mappers, make_transient_to_detached
 from sqlalchemy.orm.attributes import instance_state
@@ -23,7 +23,7 @@ from sqlalchemy.orm.attributes import instance_state
 from . import _copy, _row, statements
 from ._row import Batch, Prepared
 from .errors import EnqueueError
-from .model import Job
+from .model import ENQUEUED, Job
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
@@ -110,7 +110,7 @@ def _insert_one(
     return stmt, {**params, "channel": channel, "queue_name": job.queue}
 
 
-def _attach(session: Session, job: Prepared, filled: Row[Any]) -> Job:
+def _attach(session: Session, job: Prepared, filled: Sequence[Any]) -> Job:
     """The inserted job as a persistent ``Job`` in ``session``, without loading it back: the
     database's values (``filled``: :data:`statements.FILLED_COLUMNS`) plus what was bound. This is
     what an ORM load of the RETURNING row would give, at a fraction of the cost on the hot path."""
@@ -125,6 +125,7 @@ def _attach(session: Session, job: Prepared, filled: Row[Any]) -> Job:
     state.update(zip(_FILLED_KEYS, filled, strict=True))
     state.update(zip(_row.NAMES, values, strict=True))
     state.update(_UNSET)
+    state[ENQUEUED] = "inserted"
     make_transient_to_detached(obj)
     session.add(obj)
     # Registered as inserted by the innermost transaction, as a flush registers an object it

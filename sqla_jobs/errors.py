@@ -78,6 +78,17 @@ class EnqueueHookError(EnqueueError):
     written and the caller's transaction is as it was before the call."""
 
 
+class DuplicateJobError(EnqueueError):
+    """A unique job's key is held by another job and the enqueue said ``on_conflict="raise"``.
+    Nothing was written and the transaction stays usable. ``existing_ids`` are the jobs holding
+    the keys; ``positions`` the payloads refused (for ``enqueue_many``; ``[0]`` for ``enqueue``)."""
+
+    def __init__(self, message: str, existing_ids: list[int], positions: list[int]) -> None:
+        super().__init__(message)
+        self.existing_ids = existing_ids
+        self.positions = positions
+
+
 class DatabaseURLError(SqlaJobsError):
     """A database URL that cannot be used (wrong scheme, unparseable)."""
 
@@ -119,6 +130,10 @@ class JobNotFoundError(OperationError):
         self.ids = ids
 
 
+class ScheduleNotFoundError(OperationError):
+    """No schedule of that name is declared in the application."""
+
+
 class JobStateError(OperationError):
     """A job is in a state the operation does not apply to (retrying a running job, cancelling
     a dead one); ``states`` maps each such id to its state."""
@@ -126,3 +141,12 @@ class JobStateError(OperationError):
     def __init__(self, message: str, states: dict[int, str]) -> None:
         super().__init__(message)
         self.states = states
+
+
+class UniqueKeyTakenError(OperationError):
+    """A job cannot be retried: another job holds its unique key (or two of the jobs to retry
+    share one). Nothing changed. ``held`` maps each refused job to the job holding its key."""
+
+    def __init__(self, message: str, held: dict[int, int]) -> None:
+        super().__init__(message)
+        self.held = held

@@ -156,6 +156,8 @@ class Hooks:
         self.enqueue_hooks: tuple[EnqueueHook, ...] = ()
         self.middlewares: tuple[Middleware, ...] = ()
         self.outcome_hooks: tuple[OutcomeHook, ...] = ()
+        #: A middleware reads ``ctx.meta``: workers started from now on claim each job's meta.
+        self.reads_meta = False
 
     def on_enqueue(self, fn: EnqueueHook) -> EnqueueHook:
         """Call ``fn(batch)`` with the jobs of each enqueue (:class:`EnqueueBatch`), before any SQL
@@ -172,9 +174,13 @@ class Hooks:
         self.enqueue_hooks = (*self.enqueue_hooks, fn)
         return fn
 
-    def middleware(self, fn: F) -> F:
+    def middleware(self, fn: F, *, meta: bool = False) -> F:
         """Run each job's handler inside ``async def fn(ctx, call_next)``, which must ``await
         call_next()`` once; the first registered is the outermost.
+
+        ``meta=True``: ``fn`` reads :attr:`JobContext.meta <sqla_jobs.JobContext.meta>` (a trace
+        context stored at enqueue). A worker started after such a registration claims each job's
+        ``meta`` with it (one more column per claimed job); other workers never read the column.
 
         ``fn`` runs on the worker's event loop for sync and async handlers alike: for a sync
         handler, ``call_next()`` runs it on its thread and waits for it (the context variables
@@ -191,6 +197,8 @@ class Hooks:
                 " it runs on the worker's event loop, for sync handlers too"
             )
         self.middlewares = (*self.middlewares, fn)
+        if meta:
+            self.reads_meta = True
         return fn
 
     def on_outcome(self, fn: OutcomeHook) -> OutcomeHook:

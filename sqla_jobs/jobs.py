@@ -2,34 +2,44 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, overload
 
 from pydantic import BaseModel
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
+from . import _sessions, _unique_enqueue
 from . import enqueue as _enqueue
+from . import links as _links
 from . import validate as _validate
+from ._jobs_async import AsyncEnqueue
 from ._jobs_ops import Operations
+from ._jobs_periodic import Periodics
 from .errors import ConfigurationError
 from .hooks import Hooks
-from .kinds import H, Handler, Kind, Registry, check_name
+from .kinds import Registry, check_name
 from .model import Job, cancel_channel, notify_channel
+from .unique import EnqueuedIds, OnConflict, check_on_conflict
 
 if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncSession
+    pass
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 
 
-class Jobs(Operations, Registry):
+class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
     """The job kinds of an application, and the enqueue calls that ride the caller's transaction.
 
     ``schema`` names the schema that holds the queue table (default: the connection's
     ``search_path``); it must match the schema the migrations ran in. ``max_payload_bytes`` bounds the
     serialized payload (keep big data in your own tables and enqueue its id). ``hooks`` holds the
     enqueue and worker hooks (:class:`~sqla_jobs.hooks.Hooks`).
+
+    Every call that takes a ``session`` takes a ``Session`` or a ``scoped_session`` (such as
+    Flask-SQLAlchemy's ``db.session``), and every ``_async`` twin an ``AsyncSession`` or an
+    ``async_scoped_session``: a scoped session stands for its current session, whose transaction
+    the call rides as it would ride that session's given directly.
     """
 
     def __init__(
@@ -52,32 +62,15 @@ class Jobs(Operations, Registry):
         #: Enqueue hooks, middleware and outcome hooks (:class:`~sqla_jobs.hooks.Hooks`).
         self.hooks = Hooks()
 
-    # -- registration (see Registry.register / Registry.kind) ---------------------------------
-
-    def register(
-        self, name: str, model: type[BaseModel], handler: Handler | None = None, **options: Any
-    ) -> Kind:
-        """Register ``model`` as the payload of kind ``name``, with its handler and options.
-
-        Options: ``queue``, ``priority`` (lower runs first), ``max_attempts`` (handler failures before
-        dead), ``max_crashes`` (expired leases before dead), ``backoff`` (:class:`Backoff`),
-        ``timeout`` (seconds), ``concurrency_key`` (a function of the payload returning a str) and
-        ``concurrency_limit`` (jobs per key running at once, default 1 with a key function). The
-        kind string is what is stored: renaming the class is safe.
-        A process that only enqueues may register without a handler.
-        """
-        return super().register(name, model, handler, **options)
-
-    def kind(self, name: str, model: type[BaseModel], **options: Any) -> Callable[[H], H]:
-        """Decorator: register the decorated function as the handler of kind ``name``."""
-        return super().kind(name, model, **options)
+    # -- registration: Registry.register and Registry.kind, whose signatures mypy checks a
+    # handler and its options against (generic in the payload model; see sqla_jobs.kinds).
 
     # -- enqueue --------------------------------------------------------------------------------
 
     @overload
     def enqueue(
         self,
-        session: Session,
+        session: Session | scoped_session[Any],
         payload: BaseModel,
         *,
         delay: timedelta | float | None = ...,
@@ -87,12 +80,15 @@ class Jobs(Operations, Registry):
         max_attempts: int | None = ...,
         concurrency_key: str | None = ...,
         meta: Mapping[str, Any] | None = ...,
+        unique_key: str | None = ...,
+        on_conflict: OnConflict = ...,
+        link: _links.LinkArg = ...,
     ) -> Job: ...
 
     @overload
     def enqueue(
         self,
-        session: Session,
+        session: Session | scoped_session[Any],
         payload: str,
         data: dict[str, Any],
         *,
@@ -103,11 +99,14 @@ class Jobs(Operations, Registry):
         max_attempts: int | None = ...,
         concurrency_key: str | None = ...,
         meta: Mapping[str, Any] | None = ...,
+        unique_key: str | None = ...,
+        on_conflict: OnConflict = ...,
+        link: _links.LinkArg = ...,
     ) -> Job: ...
 
     def enqueue(
         self,
-        session: Session,
+        session: Session | scoped_session[Any],
         payload: BaseModel | str,
         data: dict[str, Any] | None = None,
         *,
@@ -118,6 +117,9 @@ class Jobs(Operations, Registry):
         max_attempts: int | None = None,
         concurrency_key: str | None = None,
         meta: Mapping[str, Any] | None = None,
+        unique_key: str | None = None,
+        on_conflict: OnConflict = "skip",
+        link: _links.LinkArg = None,
     ) -> Job:
         """Add a job to ``session``'s transaction and return it, flushed (its ``id`` is set).
 
@@ -128,23 +130,56 @@ class Jobs(Operations, Registry):
         at most once per queue per transaction and never carrying the payload. ``delay`` is added
         to the database clock; ``run_at`` must be timezone-aware. ``concurrency_key`` overrides the
         kind's key function (the kind must declare a ``concurrency_limit``). ``meta`` is the job's
-        tags and context, stored in its ``meta`` column (jsonb) and never read by a claim: a
-        mapping of str keys to JSON values, at most 8 KiB serialized (an
-        :class:`~sqla_jobs.InvalidMetaError` otherwise); the ``on_enqueue`` hooks may add to it.
+        tags and context, stored in its ``meta`` column (jsonb), read by a worker only for a
+        middleware that asks (``ctx.meta``): a mapping of str keys to JSON values, at most 8 KiB
+        serialized (an :class:`~sqla_jobs.InvalidMetaError` otherwise); the ``on_enqueue`` hooks
+        may add to it.
         On bad input an :class:`EnqueueError` subclass is raised before any SQL runs: nothing is
         written and the transaction stays usable.
+
+        A unique job (its kind declares :class:`~sqla_jobs.Unique`, or ``unique_key`` is given:
+        a key of this kind's jobs) is inserted only if no job holds its key in a state that
+        counts; otherwise, by ``on_conflict``: ``"skip"`` returns the job holding the key
+        (``job.inserted`` is False), ``"replace"`` updates that job's payload, run_at, priority
+        and meta if it is pending (``job.replaced``) and returns it as ``"skip"`` does if not,
+        ``"raise"`` raises :class:`~sqla_jobs.DuplicateJobError`. None of them aborts the
+        transaction. A second enqueuer of a key waits for the first one's transaction to end.
+
+        ``link`` links the job to rows of the application's link tables (``{order_jobs:
+        order.id}``, see :func:`sqla_jobs.link_table`) in the same transaction: the job returned
+        is linked (for a duplicate, the job holding the key). Checked before any SQL: each key a
+        link table, each value a flushed row's id of its column's type (else
+        :class:`~sqla_jobs.InvalidOptionError`). A row that does not exist is a foreign key
+        violation, as for any insert of yours.
         """
+        check_on_conflict(on_conflict)
+        links = _links.check(link)
         prepared = self._prepare(
-            payload, data, priority, queue, max_attempts, concurrency_key, meta
+            payload, data, priority, queue, max_attempts, concurrency_key, meta, unique_key
         )
         when, after = _validate.schedule(delay, run_at)
-        return _enqueue.enqueue(
-            session, prepared, when, after, schema=self.schema, channel=self.channel
-        )
+        session = _sessions.current(session)
+        if prepared.unique is not None:
+            job = _unique_enqueue.enqueue(
+                session,
+                prepared,
+                when,
+                after,
+                schema=self.schema,
+                channel=self.channel,
+                on_conflict=on_conflict,
+            )
+        else:
+            job = _enqueue.enqueue(
+                session, prepared, when, after, schema=self.schema, channel=self.channel
+            )
+        if links:
+            _links.insert(session, [links], [job.id], self.schema, fresh=job.inserted is not False)
+        return job
 
     def enqueue_many(
         self,
-        session: Session,
+        session: Session | scoped_session[Any],
         payloads: Iterable[BaseModel],
         *,
         delay: timedelta | float | None = None,
@@ -153,7 +188,9 @@ class Jobs(Operations, Registry):
         queue: str | None = None,
         max_attempts: int | None = None,
         meta: _validate.MetaArg = None,
-    ) -> list[int]:
+        on_conflict: OnConflict = "skip",
+        link: _links.LinksArg = None,
+    ) -> EnqueuedIds:
         """Add many jobs to ``session``'s transaction; return their ids in order.
 
         Same guarantees as :meth:`enqueue`: one bad payload raises, naming its position, and writes
@@ -163,56 +200,51 @@ class Jobs(Operations, Registry):
         ``meta`` is one mapping for every job (checked and serialized once), or a sequence of one
         mapping (or None) per payload; each is checked as :meth:`enqueue`'s ``meta`` is, all before
         any SQL runs.
+
+        Unique jobs (of kinds declaring :class:`~sqla_jobs.Unique`) are inserted as
+        :meth:`enqueue` inserts them, by ``on_conflict``, in one ``INSERT ... ON CONFLICT`` in
+        the order of their keys (so two batches sharing keys cannot deadlock), after every payload
+        was validated; a key repeated within the batch counts once (the first payload wins; with
+        ``"replace"``, the last). The result is a list of ids with ``inserted`` (and
+        ``replaced``) flags per payload; a duplicate's id is the job holding its key. With
+        ``"raise"``, a duplicate raises :class:`~sqla_jobs.DuplicateJobError` and nothing is
+        written.
+
+        ``link``, as :meth:`enqueue`'s, is one mapping for every job or a sequence of one mapping
+        (or None) per payload, all checked before any SQL runs; the links go in one statement per
+        link table once the jobs are in.
         """
+        check_on_conflict(on_conflict)
         when, after = _validate.schedule(delay, run_at)
         items = payloads if isinstance(payloads, list) else list(payloads)
+        links = _links.check_many(link, len(items))
         chunks = self._prepare_chunks(items, priority, queue, max_attempts, meta)
-        return _enqueue.enqueue_many(
-            session, len(items), chunks, when, after, schema=self.schema, channel=self.channel
-        )
-
-    async def enqueue_async(
-        self,
-        session: AsyncSession,
-        payload: BaseModel | str,
-        data: dict[str, Any] | None = None,
-        *,
-        delay: timedelta | float | None = None,
-        run_at: datetime | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        concurrency_key: str | None = None,
-        meta: Mapping[str, Any] | None = None,
-    ) -> Job:
-        """:meth:`enqueue` for an ``AsyncSession``, with the same guarantees."""
-        prepared = self._prepare(
-            payload, data, priority, queue, max_attempts, concurrency_key, meta
-        )
-        when, after = _validate.schedule(delay, run_at)
-        return await _enqueue.enqueue_async(
-            session, prepared, when, after, schema=self.schema, channel=self.channel
-        )
-
-    async def enqueue_many_async(
-        self,
-        session: AsyncSession,
-        payloads: Iterable[BaseModel],
-        *,
-        delay: timedelta | float | None = None,
-        run_at: datetime | None = None,
-        priority: int | None = None,
-        queue: str | None = None,
-        max_attempts: int | None = None,
-        meta: _validate.MetaArg = None,
-    ) -> list[int]:
-        """:meth:`enqueue_many` for an ``AsyncSession``, with the same guarantees."""
-        when, after = _validate.schedule(delay, run_at)
-        items = payloads if isinstance(payloads, list) else list(payloads)
-        chunks = self._prepare_chunks(items, priority, queue, max_attempts, meta)
-        return await _enqueue.enqueue_many_async(
-            session, len(items), chunks, when, after, schema=self.schema, channel=self.channel
-        )
+        session = _sessions.current(session)
+        if self._any_unique(items):
+            ids = _unique_enqueue.enqueue_many(
+                session,
+                chunks,
+                when,
+                after,
+                schema=self.schema,
+                channel=self.channel,
+                on_conflict=on_conflict,
+            )
+        else:
+            ids = EnqueuedIds(
+                _enqueue.enqueue_many(
+                    session,
+                    len(items),
+                    chunks,
+                    when,
+                    after,
+                    schema=self.schema,
+                    channel=self.channel,
+                )
+            )
+        if links:
+            _links.insert(session, links, ids, self.schema, fresh=not ids.duplicates)
+        return ids
 
     def _prepare(
         self,
@@ -223,6 +255,7 @@ class Jobs(Operations, Registry):
         max_attempts: int | None,
         concurrency_key: str | None,
         meta: Mapping[str, Any] | None,
+        unique_key: str | None = None,
     ) -> _validate.Prepared:
         prepared = _validate.prepare(
             self,
@@ -234,11 +267,20 @@ class Jobs(Operations, Registry):
             max_attempts=max_attempts,
             concurrency_key=concurrency_key,
             meta=meta,
+            unique_key=unique_key,
         )
         # The hooks' one call site on the single path: nothing to do without a hook.
         if self.hooks.enqueue_hooks:
             prepared = self.hooks._enqueue_one(prepared)
         return prepared
+
+    def _any_unique(self, payloads: list[BaseModel]) -> bool:
+        """Whether some of ``payloads`` are of a unique kind (nothing to look at when no kind
+        is: the plain path pays nothing)."""
+        if not any(k.options.unique for k in self):
+            return False
+        models = {type(p) for p in payloads}
+        return any(k.options.unique is not None for k in self if k.model in models)
 
     def _prepare_chunks(
         self,

@@ -7,24 +7,37 @@ the model class changes nothing in the database, because only the kind string is
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import re
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, cast
 
 from pydantic import BaseModel, ValidationError
 
+# The handler and option types have a module of their own (this one is the registry); users import
+# them from here, hence `X as X`, which re-exports a name under mypy --strict.
+from ._handler_types import AsyncSessionHandler as AsyncSessionHandler
+from ._handler_types import HandlerOf as HandlerOf
+from ._handler_types import KindDecorator as KindDecorator
+from ._handler_types import M as M
+from ._handler_types import PayloadHandler as PayloadHandler
+from ._handler_types import SessionHandler as SessionHandler
 from .backoff import DEFAULT_BACKOFF, Backoff
 from .errors import RegistryError, UnknownKindError
+from .unique import Unique
 
 if TYPE_CHECKING:
-    from .context import JobContext
+    from typing_extensions import Unpack
 
-M = TypeVar("M", bound=BaseModel)
-#: A handler takes the validated payload and the job's context; it may be sync or async.
-Handler = Callable[[Any, "JobContext"], Awaitable[object] | object]
-H = TypeVar("H", bound=Handler)
+    from ._handler_types import KindArgs as KindArgs
+    from ._handler_types import KindOptionArgs
+
+#: A handler as a :class:`Kind` holds it, its payload model erased (register takes a
+#: :data:`HandlerOf` the model): ``(payload, ctx)`` or ``(payload, ctx, session)``, sync or
+#: async (:attr:`Kind.wants_session` says which); the registering calls type it precisely.
+Handler = Callable[..., Awaitable[object] | object]
 
 #: Queue and kind names: a safe character set, bounded. They are always bound parameters, never
 #: interpolated into SQL, but they also travel in NOTIFY payloads and logs, so keep them plain.
@@ -84,6 +97,9 @@ class KindOptions:
     #: Jobs per key running at once (default 1 when a key function is given). A kind with a limit
     #: but no key function takes its key per enqueue (``enqueue(..., concurrency_key=...)``).
     concurrency_limit: int | None = None
+    #: What makes two jobs of this kind the same job (:class:`~sqla_jobs.Unique`; ``True``: the
+    #: whole payload): at most one of them at a time in the states that count. None: not unique.
+    unique: Unique | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +111,36 @@ class Kind:
     model: type[BaseModel]
     handler: Handler | None
     options: KindOptions = field(default_factory=KindOptions)
+    #: The handler takes a third argument, the Session its writes and the job's completion
+    #: commit in (an ``AsyncSession`` for an async handler).
+    wants_session: bool = False
+
+
+def takes_session(name: str, handler: Handler | None) -> bool:
+    """Whether ``handler`` is ``(payload, ctx, session)`` rather than ``(payload, ctx)``; raise
+    :class:`RegistryError` if it can take neither, so a wrong signature fails at import, not at
+    the first run."""
+    if handler is None:
+        return False
+    if not callable(handler):
+        raise RegistryError(f"kind {name!r}: the handler must be callable, got {handler!r}")
+    try:
+        params = list(inspect.signature(handler).parameters.values())
+    except (TypeError, ValueError):  # a builtin without a signature: trust it
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    varargs = any(p.kind is p.VAR_POSITIONAL for p in params)
+    required = [p for p in params if p.default is p.empty and p.kind is not p.VAR_POSITIONAL]
+    if (
+        (len(positional) < 2 and not varargs)
+        or any(p.kind is p.KEYWORD_ONLY for p in required)
+        or len([p for p in positional if p.default is p.empty]) > 3
+    ):
+        raise RegistryError(
+            f"kind {name!r}: its handler {getattr(handler, '__qualname__', handler)!r} must take "
+            "(payload, ctx) or (payload, ctx, session)"
+        )
+    return len(positional) >= 3 and positional[2].default is positional[2].empty
 
 
 def _is_int(value: object) -> bool:
@@ -122,6 +168,20 @@ def validate_options(options: KindOptions) -> None:
         raise RegistryError("concurrency_key must be a function of the payload returning a str")
 
 
+def _unique(name: str, model: type[BaseModel], unique: object) -> Unique | None:
+    """The kind's :class:`Unique`, checked against its model (``True``: the whole payload)."""
+    if unique is False:
+        return None
+    if unique is True:
+        unique = Unique()
+    if not isinstance(unique, Unique):
+        raise RegistryError(f"kind {name!r}: unique must be a Unique(...) or True, got {unique!r}")
+    try:
+        return unique.check(model)
+    except ValueError as exc:
+        raise RegistryError(f"kind {name!r}: {exc}") from None
+
+
 class Registry:
     """Maps kind strings to :class:`Kind` and payload models back to their kind.
 
@@ -135,11 +195,27 @@ class Registry:
     def register(
         self,
         name: str,
-        model: type[BaseModel],
-        handler: Handler | None = None,
-        **options: Any,
+        model: type[M],
+        handler: HandlerOf[M] | None = None,
+        **options: Unpack[KindArgs[M]],
     ) -> Kind:
-        """Register ``model`` under the stable kind string ``name`` with its handler and options."""
+        """Register ``model`` as the payload of kind ``name``, with its handler and options.
+
+        The handler takes ``(payload, ctx)``, sync or async, or ``(payload, ctx, session)``: a sync
+        function a ``Session``, an ``async`` one an ``AsyncSession``, the session its job
+        completes in (:data:`HandlerOf`). Options (:class:`KindArgs`, defaults in
+        :class:`KindOptions`): ``queue``, ``priority`` (lower runs first), ``max_attempts``
+        (handler failures before dead), ``max_crashes`` (expired leases before dead), ``backoff``
+        (:class:`Backoff`), ``timeout`` (seconds), ``concurrency_key`` (a function of the payload
+        returning a str), ``concurrency_limit`` (jobs per key running at once, default 1 with a key
+        function) and ``unique`` (:class:`~sqla_jobs.Unique`, or ``True``: the whole payload). The
+        kind string is what is stored: renaming the class is safe. A process that only enqueues
+        may register without a handler.
+
+        mypy checks the handler's payload type against ``model``, its shape, and each option's
+        name and type. At run time a handler of no shape, a kind or model registered already, or
+        an unknown or unworkable option raises :class:`RegistryError` and registers nothing.
+        """
         try:
             check_name("kind", name)
         except ValueError as exc:
@@ -153,26 +229,30 @@ class Registry:
                 f"model {model.__qualname__} is already registered as kind "
                 f"{self._by_model[model].name!r}; use one model per kind"
             )
+        unique = options.pop("unique", None)
+        rest: KindOptionArgs[M] = options  # KindOptions' own fields
         try:
-            opts = KindOptions(**options)
-        except TypeError as exc:
+            opts = KindOptions(**rest)
+        except TypeError as exc:  # an unknown option, in code mypy did not check
             raise RegistryError(f"kind {name!r}: {exc}") from None
         if opts.concurrency_key is not None and opts.concurrency_limit is None:
             opts = dataclasses.replace(opts, concurrency_limit=1)
+        if unique is not None:
+            opts = dataclasses.replace(opts, unique=_unique(name, model, unique))
         validate_options(opts)
-        kind = Kind(name=name, model=model, handler=handler, options=opts)
+        # Stored erased: which shape it is, takes_session finds out (Kind.wants_session).
+        stored = cast("Handler | None", handler)
+        session = takes_session(name, stored)
+        kind = Kind(name=name, model=model, handler=stored, options=opts, wants_session=session)
         self._by_name[name] = kind
         self._by_model[model] = kind
         return kind
 
-    def kind(self, name: str, model: type[BaseModel], **options: Any) -> Callable[[H], H]:
-        """Decorator form of :meth:`register`: ``@jobs.kind("send_invoice", SendInvoice)``."""
-
-        def decorate(handler: H) -> H:
-            self.register(name, model, handler, **options)
-            return handler
-
-        return decorate
+    def kind(self, name: str, model: type[M], **options: Unpack[KindArgs[M]]) -> KindDecorator[M]:
+        """Decorator form of :meth:`register`: ``@jobs.kind("send_invoice", SendInvoice)`` registers
+        the function below it as the kind's handler, checked as :meth:`register` checks it, and
+        returns it unchanged."""
+        return KindDecorator(self, name, model, options)
 
     def by_name(self, name: str) -> Kind:
         """The kind registered as ``name``; :class:`UnknownKindError` if there is none."""

@@ -28,13 +28,15 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 PREFIX = "sqla_jobs"
 JOB_TABLE = f"{PREFIX}_job"
 HISTORY_TABLE = f"{PREFIX}_history"
 QUEUE_TABLE = f"{PREFIX}_queue"
+SCHEDULE_TABLE = f"{PREFIX}_schedule"
+WORKER_TABLE = f"{PREFIX}_worker"
 #: Longest ``last_error`` kept; a stack-trace storm must not bloat the hot table.
 MAX_ERROR_CHARS = 500
 
@@ -67,6 +69,14 @@ class JobState(str, enum.Enum):
 
 
 STATES = tuple(s.value for s in JobState)
+#: Where enqueue notes, in a returned ``Job``'s ``__dict__``, what it did: "inserted",
+#: "duplicate" or "replaced" (read by :attr:`Job.inserted` and :attr:`Job.replaced`).
+ENQUEUED = "_sqla_jobs_enqueued"
+#: The unique index's predicate, which an ``INSERT ... ON CONFLICT`` must repeat to use it.
+UNIQUE_PREDICATE = "unique_key IS NOT NULL AND state = ANY (unique_states)"
+#: The states a worker moves a job between on its own (claim, fail, reap, release, snooze): a
+#: unique job's key always counts in them, so that none of those moves can hit the unique index.
+ALWAYS_UNIQUE_STATES = (JobState.PENDING.value, JobState.RUNNING.value)
 
 
 class Base(DeclarativeBase):
@@ -122,6 +132,38 @@ class Job(Base):
     #: One entry per failed attempt or crash, oldest first, the last 25 kept: attempt, at,
     #: error (class), message, traceback (capped).
     errors: Mapped[list[dict[str, Any]] | None] = mapped_column(JSONB)
+    #: A unique job's key (its kind, the payload fields or key it is unique by, and its period):
+    #: no two jobs with one key are both in one of their ``unique_states``. NULL: not unique.
+    unique_key: Mapped[str | None] = mapped_column(Text)
+    #: The states in which a unique job holds its key; always includes pending and running.
+    unique_states: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+
+    @property
+    def inserted(self) -> bool | None:
+        """For a job returned by ``enqueue``: True if that call inserted it, False if it found
+        this job already holding the unique key (and returned it instead). None otherwise."""
+        result = self.__dict__.get(ENQUEUED)
+        return None if result is None else result == "inserted"
+
+    @property
+    def replaced(self) -> bool:
+        """For a job returned by ``enqueue(..., on_conflict="replace")``: whether that call
+        replaced this pending job's payload, run_at, priority and meta."""
+        return bool(self.__dict__.get(ENQUEUED) == "replaced")
+
+    def __repr__(self) -> str:
+        """``<Job 42 send_invoice pending queue=mail attempt 0/10 run_at=2026-12-01T07:06:23+00:00>``:
+        never the payload (it may hold personal data, and reprs end up in logs and tracebacks).
+        Reads only what is loaded (``?`` for the rest): a repr never runs SQL, and works on a
+        detached or expired job."""
+        d = self.__dict__
+        run_at = d.get("run_at")
+        when = run_at.isoformat(timespec="seconds") if isinstance(run_at, datetime) else "?"
+        return (
+            f"<Job {d.get('id', '?')} {d.get('kind', '?')} {d.get('state', '?')}"
+            f" queue={d.get('queue', '?')} attempt {d.get('attempts', '?')}/"
+            f"{d.get('max_attempts', '?')} run_at={when}>"
+        )
 
     __table_args__ = (
         CheckConstraint(f"state IN ({', '.join(repr(s) for s in STATES)})", name="state"),
@@ -137,6 +179,11 @@ class Job(Base):
         CheckConstraint(
             "(concurrency_key IS NULL) = (concurrency_limit IS NULL) AND concurrency_limit >= 1",
             name="concurrency",
+        ),
+        CheckConstraint(
+            "(unique_key IS NULL) = (unique_states IS NULL)"
+            f" AND unique_states @> ARRAY[{', '.join(repr(s) for s in ALWAYS_UNIQUE_STATES)}]",
+            name="unique",
         ),
         # Serves the claim. Partial: it holds only claimable rows without a concurrency key, so its
         # size tracks the backlog, not history, and a job leaves it the moment it is claimed.
@@ -172,6 +219,14 @@ class Job(Base):
             "state",
             "finished_at",
             postgresql_where=text("state IN ('completed', 'dead', 'cancelled')"),
+        ),
+        # Holds unique jobs' keys, exact across transactions: one job per key among the jobs in
+        # a state that counts for it. Jobs without a key are not in it (nothing to maintain).
+        Index(
+            f"{JOB_TABLE}_unique_idx",
+            "unique_key",
+            unique=True,
+            postgresql_where=text(UNIQUE_PREDICATE),
         ),
     )
 
@@ -216,6 +271,59 @@ class QueueState(Base):
     #: Set while the queue is paused: no worker claims from it (enqueue still works).
     paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Schedule(Base):
+    """One periodic schedule's state, shared by every process that runs the scheduler: the last
+    tick enqueued, advanced by compare-and-set in the transaction that enqueues the tick's job,
+    so that each tick is enqueued once however many schedulers run. Written by the schedulers;
+    the definition itself (cron or interval, kind, payload) lives in the application's code."""
+
+    __tablename__ = SCHEDULE_TABLE
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    kind: Mapped[str] = mapped_column(Text)
+    #: The schedule as defined when its last tick was enqueued (``cron */5 * * * * UTC``,
+    #: ``every 30s``): a changed definition starts over from the next tick, never backfills.
+    spec: Mapped[str] = mapped_column(Text)
+    #: The last tick enqueued (the compare-and-set column); NULL until the first.
+    last_tick_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: The job enqueued for ``last_tick_at``.
+    last_job_id: Mapped[int | None] = mapped_column(BigInteger)
+    #: The tick after ``last_tick_at``, as the scheduler that wrote it computed it (for listings).
+    next_tick_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: Set while an operator holds the schedule: no tick is enqueued, and the ticks passed meanwhile
+    #: are skipped.
+    paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: When a scheduler last found this schedule in its code: a schedule removed from the code is
+    #: seen no more, and enqueues nothing.
+    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class RegisteredWorker(Base):
+    """A live worker process, as it registered itself: written when it starts, its heartbeat moved
+    forward by its reaper thread, deleted when it stops gracefully; a row whose ``expires_at`` has
+    passed (its process was killed, or lost the database for that long) is deleted by any other
+    worker's reaper. For listings only (``sqla-jobs workers``): no claim reads it."""
+
+    __tablename__ = WORKER_TABLE
+
+    #: The worker's name (``host:pid:random`` unless named): also in its connections'
+    #: ``application_name`` and in ``locked_by`` of the jobs it holds.
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    host: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int] = mapped_column(Integer)
+    queues: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    concurrency: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    heartbeat_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    #: The last heartbeat plus three of the worker's own heartbeat intervals, by the database's
+    #: clock: past it, the row is stale and pruned.
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 #: Storage parameters of the queue table. The default autovacuum_vacuum_scale_factor (0.2) waits

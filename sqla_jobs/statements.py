@@ -24,6 +24,7 @@ from sqlalchemy import (
     Delete,
     Float,
     Insert,
+    Integer,
     Interval,
     Select,
     Table,
@@ -33,6 +34,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    column,
     delete,
     func,
     insert,
@@ -42,16 +44,29 @@ from sqlalchemy import (
     select,
     text,
     true,
+    tuple_,
     update,
+)
+from sqlalchemy import (
+    table as sa_table,
 )
 from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, UUID
 from sqlalchemy.dialects.postgresql import dialect as _pg_dialect
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import BindParameter, TextClause
+from sqlalchemy.sql.selectable import TableClause
 
 from . import _row
-from .model import MAX_ERROR_CHARS, Job, JobHistory, QueueState
+from .model import (
+    MAX_ERROR_CHARS,
+    UNIQUE_PREDICATE,
+    Job,
+    JobHistory,
+    QueueState,
+    RegisteredWorker,
+    Schedule,
+)
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -66,6 +81,8 @@ _PG = _pg_dialect()  # type: ignore[no-untyped-call]
 job = typing.cast(Table, Job.__table__)
 history = typing.cast(Table, JobHistory.__table__)
 queue_state = typing.cast(Table, QueueState.__table__)
+schedule = typing.cast(Table, Schedule.__table__)
+registry = typing.cast(Table, RegisteredWorker.__table__)
 
 PENDING: ColumnElement[str] = literal_column("'pending'")
 RUNNING: ColumnElement[str] = literal_column("'running'")
@@ -156,15 +173,18 @@ def insert_job(lean: bool = False) -> AnyInsert:
 
 
 def _insert_values(lean: bool) -> Insert:
+    return insert(Job).values({**_values(lean), "run_at": _run_at()})
+
+
+def _values(lean: bool = False) -> dict[str, Any]:
     # Each value bound as its column's type, the payload as text cast to jsonb.
-    values: dict[str, Any] = {
+    return {
         c.name: cast(bindparam(c.name, type_=Text), JSONB)
         if c.json
         else bindparam(c.name, type_=job.c[c.name].type)
         for c in _row.COLUMNS
         if not (lean and c.optional)
     }
-    return insert(Job).values({**values, "run_at": _run_at()})
 
 
 def insert_job_and_notify(lean: bool = False) -> Select[Any]:
@@ -207,6 +227,188 @@ def insert_jobs() -> AnyInsert:
     src = select(*values, _run_at()).select_from(rows)
     columns = [*BULK_COLUMNS, "run_at"]
     return insert(job).from_select(columns, src).returning(job.c.id)
+
+
+# -- unique jobs: their own statements, so that plain enqueues never pay for them -------------
+
+
+def _unique_key(key: ColumnElement[str], period: ColumnElement[int]) -> ColumnElement[str]:
+    # With a period, the key of the window holding the job's run_at, by the database's clock
+    # (``_run_at()``: ``now()`` is the transaction's start, so every statement of the caller's
+    # transaction computes the same window).
+    window = cast(func.floor(func.extract("epoch", _run_at()) / period), BigInteger) * period
+    return case((period.is_(None), key), else_=key + literal_column("'@'") + cast(window, Text))
+
+
+_UNIQUE_WHERE = text(UNIQUE_PREDICATE)
+#: What ``on_conflict="replace"`` changes in the pending job that holds the key.
+REPLACED_COLUMNS = ("payload", "run_at", "priority", "meta")
+
+
+def _on_unique_conflict(stmt: Any, replace: bool) -> Any:
+    if not replace:
+        return stmt.on_conflict_do_nothing(index_elements=["unique_key"], index_where=_UNIQUE_WHERE)
+    return stmt.on_conflict_do_update(
+        index_elements=["unique_key"],
+        index_where=_UNIQUE_WHERE,
+        set_={name: stmt.excluded[name] for name in REPLACED_COLUMNS},
+        # A job that has started (running, or finished in a state that counts) is left as it is.
+        where=job.c.state == PENDING,
+    )
+
+
+def _was_inserted() -> ColumnElement[bool]:
+    # A row version an INSERT created has no deleting transaction; one ON CONFLICT DO UPDATE
+    # wrote has its own (PostgreSQL's documented way to tell the two apart in RETURNING).
+    return (literal_column(f"{job.name}.xmax") == literal_column("'0'")).label("inserted")
+
+
+def insert_unique_job(replace: bool = False) -> AnyInsert:
+    """Insert one unique job, unless a job with its key is in a state that counts for that job:
+    ``INSERT ... ON CONFLICT ON the unique index DO NOTHING`` (``replace``: ``DO UPDATE`` the
+    payload, run_at, priority and meta of that job if it is pending). Returns the
+    :data:`FILLED_COLUMNS`, ``unique_key`` (as stored) and ``inserted`` for the row written; no row when the key was taken
+    (and, with ``replace``, the holder was not pending). Never raises for a duplicate: the
+    caller's transaction stays usable.
+
+    Parameters: those of :func:`insert_job` (meta included), ``unique_key``, ``unique_states``
+    (a text array) and ``unique_period`` (seconds, or NULL). Locks the new row, or the holder's
+    row with ``replace``; a concurrent insert of the same key waits for this transaction to end.
+    Served by the unique index.
+    """
+    stmt = pg_insert(Job).values(
+        {
+            **_values(),
+            "run_at": _run_at(),
+            "unique_key": _unique_key(_key_param(), _period_param()),
+            "unique_states": bindparam("unique_states", type_=ARRAY(Text)),
+        }
+    )
+    return _on_unique_conflict(stmt, replace).returning(  # type: ignore[no-any-return]
+        *FILLED_COLUMNS, job.c.unique_key, _was_inserted()
+    )
+
+
+def upsert_unique_job() -> AnyInsert:
+    """:func:`insert_unique_job` for ``on_conflict="replace"``: a taken key whose holder is
+    pending gets this payload, run_at, priority and meta (``inserted`` false)."""
+    return insert_unique_job(replace=True)
+
+
+def _key_param() -> BindParameter[str]:
+    return bindparam("unique_key", type_=Text)
+
+
+def _period_param() -> BindParameter[int]:
+    return bindparam("unique_period", type_=BigInteger)
+
+
+def find_unique_job() -> Select[Any]:
+    """The job holding the key :func:`insert_unique_job` found taken (same parameters:
+    ``unique_key``, ``unique_period``, run_at or delay_us), as the ``Job`` entity. A new statement,
+    so under READ COMMITTED it sees the holder that made the insert skip; none if that job has
+    left its counted states since. No locks. Served by the unique index."""
+    return select(Job).where(
+        job.c.unique_key == _unique_key(_key_param(), _period_param()),
+        job.c.state == func.any(job.c.unique_states),
+    )
+
+
+#: The arrays a bulk unique insert sends beside :data:`BULK_ARRAY_PARAMS`: the key, the counted
+#: states (comma-separated: an array of arrays cannot be unnested row by row) and the period.
+UNIQUE_ARRAY_PARAMS = (
+    ("unique_keys", Text()),
+    ("unique_states", Text()),
+    ("unique_periods", BigInteger()),
+)
+
+
+def insert_unique_jobs(replace: bool = False) -> AnyInsert:
+    """Insert many unique jobs in one statement, in the order of their keys, each unless its key
+    is taken (``replace``: as :func:`insert_unique_job`). Inserting in key order means two batches
+    that share keys wait for each other in one order, never in a cycle: no deadlock between
+    them. The keys must be distinct within the statement (the caller folds duplicates).
+
+    Parameters: the arrays of :func:`insert_jobs` and of :data:`UNIQUE_ARRAY_PARAMS`, and one
+    run_at or delay_us. Returns ``id``, ``unique_key`` (as stored, with the period's window) and
+    ``inserted`` for each row written. Served by the unique index.
+    """
+    names = (*BULK_COLUMNS, "unique_key", "unique_states", "unique_period")
+    params = (*BULK_ARRAY_PARAMS, *UNIQUE_ARRAY_PARAMS)
+    rows = (
+        func.unnest(*(bindparam(name, type_=ARRAY(type_)) for name, type_ in params))
+        .table_valued(*(column(n, t) for n, (_, t) in zip(names, params, strict=True)))
+        .render_derived(name="r")
+    )
+    key = _unique_key(rows.c.unique_key, rows.c.unique_period).label("held_key")
+    src = (
+        select(
+            *(cast(rows.c[c.name], JSONB) if c.json else rows.c[c.name] for c in _row.COLUMNS),
+            _run_at(),
+            key,
+            func.string_to_array(rows.c.unique_states, literal_column("','")),
+        )
+        .select_from(rows)
+        .order_by(key)
+    )
+    stmt = pg_insert(job).from_select([*BULK_COLUMNS, "run_at", "unique_key", "unique_states"], src)
+    return _on_unique_conflict(stmt, replace).returning(  # type: ignore[no-any-return]
+        job.c.id, job.c.unique_key, _was_inserted()
+    )
+
+
+def upsert_unique_jobs() -> AnyInsert:
+    """:func:`insert_unique_jobs` for ``on_conflict="replace"``, as :func:`upsert_unique_job`."""
+    return insert_unique_jobs(replace=True)
+
+
+def find_unique_jobs() -> Select[Any]:
+    """For each key of ``unique_keys`` (with ``unique_periods``, and the batch's run_at or
+    delay_us), the job holding it now, as (position from 1, id). No locks. Served by the unique
+    index, one probe per key."""
+    keys = (
+        func.unnest(
+            bindparam("unique_keys", type_=ARRAY(Text)),
+            bindparam("unique_periods", type_=ARRAY(BigInteger)),
+        )
+        .table_valued(column("key", Text), column("period", BigInteger), with_ordinality="i")
+        .render_derived(name="k")
+    )
+    return (
+        select(keys.c.i, job.c.id)
+        .select_from(keys)
+        .join(
+            job,
+            and_(
+                job.c.unique_key == _unique_key(keys.c.key, keys.c.period),
+                job.c.state == func.any(job.c.unique_states),
+            ),
+        )
+    )
+
+
+def unique_holders() -> Select[Any]:
+    """For each job of ``ids`` that has a unique key, the other jobs with that key that hold it
+    now (in a state counting for it) or are among ``ids``, as (id, other's id, whether the other
+    holds it): what ``retry`` must not collide with. No locks. The primary key, then a scan of
+    the key's entries (the unique index serves the holders)."""
+    holder = job.alias("holder")
+    holds = holder.c.state == func.any(holder.c.unique_states)
+
+    def others(condition: ColumnElement[bool]) -> Select[Any]:
+        return (
+            select(job.c.id, holder.c.id.label("other"), holds.label("holds"))
+            .join(
+                holder,
+                and_(holder.c.unique_key == job.c.unique_key, condition, holder.c.id != job.c.id),
+            )
+            .where(job.c.id == func.any(_ids()))
+        )
+
+    # Two lookups rather than one OR, which no index serves: the holders through the unique
+    # index, the other jobs being retried through the primary key.
+    both = others(holds).union(others(holder.c.id == func.any(_ids()))).subquery("others")
+    return select(both.c.id, both.c.other, both.c.holds).order_by(both.c.id, both.c.other)
 
 
 def reserve_job_ids() -> Select[Any]:
@@ -276,8 +478,22 @@ COPY_SAVEPOINT = (
 def job_table_name(schema: str | None = None) -> str:
     """The job table's name as SQL text, schema-qualified and quoted where needed: for ``COPY``
     and for the ``table`` parameter of :func:`reserve_job_ids`."""
+    return _table_name(job, schema)
+
+
+def schedule_table_name(schema: str | None = None) -> str:
+    """:func:`job_table_name` for ``sqla_jobs_schedule``."""
+    return _table_name(schedule, schema)
+
+
+def history_table_name(schema: str | None = None) -> str:
+    """:func:`job_table_name` for ``sqla_jobs_history``."""
+    return _table_name(history, schema)
+
+
+def _table_name(table: Table, schema: str | None) -> str:
     quote = _PG.identifier_preparer.quote
-    return quote(job.name) if schema is None else f"{quote(schema)}.{quote(job.name)}"
+    return quote(table.name) if schema is None else f"{quote(schema)}.{quote(table.name)}"
 
 
 def notify() -> Select[tuple[object]]:
@@ -297,6 +513,37 @@ def claim() -> Select[Any]:
     :data:`CLAIMED_COLUMNS`, in claim order. Served by ``sqla_jobs_job_claim_idx`` (partial,
     pending rows only): an ordered index scan; the only sort is of the rows it claimed.
     """
+    return _claim(_due_now())
+
+
+def claim_with_meta() -> Select[Any]:
+    """:func:`claim`, returning each job's ``meta`` too, after :data:`CLAIMED_COLUMNS`: the claim of
+    a worker whose middleware reads ``ctx.meta`` (tracing reads the trace context stored at
+    enqueue). Locks and selects what :func:`claim` does; a worker without such a middleware runs
+    :func:`claim` and never reads the column."""
+    return _claim(_due_now(), meta=True)
+
+
+def claim_with_due_at() -> Select[Any]:
+    """:func:`claim`, returning each job's ``due_at`` too, as the last column: when the job became
+    due, as a ``time.monotonic()`` value of the worker that sends its clock as ``monotonic``
+    (:func:`_due_at`). The claim of a worker with metrics (its pickup delay); a worker without
+    them runs :func:`claim` and never computes the column."""
+    return _claim(_due_now(), timed=True)
+
+
+def claim_with_meta_and_due_at() -> Select[Any]:
+    """:func:`claim_with_meta` with ``due_at`` as the last column (:func:`claim_with_due_at`)."""
+    return _claim(_due_now(), meta=True, timed=True)
+
+
+def _due_now() -> tuple[ColumnElement[bool], ...]:
+    return (job.c.run_at <= func.now(),)
+
+
+def _claim(
+    due: tuple[ColumnElement[bool], ...], meta: bool = False, timed: bool = False
+) -> Select[Any]:
     # ARRAY(subquery) is an InitPlan: the selection runs once, and the UPDATE fetches exactly the
     # rows the LIMIT kept by primary key. A join against a CTE instead left the join to the
     # planner, which (the CTE's row count being a guess) hashed it against a scan of the whole
@@ -307,7 +554,7 @@ def claim() -> Select[Any]:
             job.c.state == PENDING,
             job.c.concurrency_key.is_(None),
             job.c.queue == bindparam("queue", type_=Text),
-            job.c.run_at <= func.now(),
+            *due,
             # A filter on the same index scan: stepping over the few crashed rows at the head of
             # the line costs nothing and needs no index of its own.
             _crash_rule(),
@@ -318,7 +565,9 @@ def claim() -> Select[Any]:
         .with_for_update(skip_locked=True)
     )
     return _mark_claimed(
-        update(job).where(job.c.id == func.any(func.array(picked.scalar_subquery())))
+        update(job).where(job.c.id == func.any(func.array(picked.scalar_subquery()))),
+        meta,
+        timed,
     )
 
 
@@ -346,9 +595,10 @@ def _crash_rule() -> ColumnElement[bool]:
     )
 
 
-def _mark_claimed(stmt: Update) -> Select[Any]:
+def _mark_claimed(stmt: Update, meta: bool = False, timed: bool = False) -> Select[Any]:
     # Rows in claim order (a batch's jobs start in the order they come): fetched by primary key,
     # the UPDATE returns them in id order, so the statement sorts what it claimed.
+    columns = (*CLAIMED_COLUMNS, job.c.meta) if meta else CLAIMED_COLUMNS
     claimed = (
         stmt.values(
             state=RUNNING,
@@ -360,12 +610,25 @@ def _mark_claimed(stmt: Update) -> Select[Any]:
             lease_expires_at=func.now() + bindparam("lease", type_=Interval),
             locked_by=bindparam("worker", type_=Text),
         )
-        .returning(*CLAIMED_COLUMNS, job.c.run_at)
+        .returning(*columns, job.c.run_at)
         .cte("claimed")
     )
-    return select(*(claimed.c[c.name] for c in CLAIMED_COLUMNS)).order_by(
-        claimed.c.priority, claimed.c.run_at, claimed.c.id
-    )
+    selected: list[ColumnElement[Any]] = [claimed.c[c.name] for c in columns]
+    if timed:
+        # Last, after the meta: a row's due_at is its last element (context.due_at).
+        selected.append(_due_at(claimed))
+    return select(*selected).order_by(claimed.c.priority, claimed.c.run_at, claimed.c.id)
+
+
+def _due_at(claimed: Any) -> ColumnElement[float]:
+    # When the job became due, on the worker's time.monotonic() clock: ``monotonic`` is that
+    # clock when the worker sent the claim, and the job had then been due for now() - run_at by
+    # the database's clock (the clock run_at is on), so a worker whose own clock is off still
+    # measures its pickup delay right. One float per row, from the run_at the UPDATE returns
+    # anyway; still 0.15-0.25 us of the worker's CPU per job, so only a worker with metrics
+    # claims with it.
+    age = func.date_part(literal_column("'epoch'"), func.now() - claimed.c.run_at)
+    return (bindparam("monotonic", 0.0, type_=Float) - age).label("due_at")
 
 
 #: First key of the two-key advisory locks sqla-jobs takes (hashtext('sqla_jobs')): a namespace so
@@ -385,13 +648,15 @@ def _per_key_rank() -> ColumnElement[int]:
     )
 
 
-def _due_keyed(key: ColumnElement[bool]) -> tuple[ColumnElement[bool], ...]:
+def _due_keyed(
+    key: ColumnElement[bool], due: tuple[ColumnElement[bool], ...]
+) -> tuple[ColumnElement[bool], ...]:
     # Pending, keyed as ``key`` says, in ``queue``, due: the keyed index's predicate comes first.
     return (
         job.c.state == PENDING,
         key,
         job.c.queue == bindparam("queue", type_=Text),
-        job.c.run_at <= func.now(),
+        *due,
         _not_paused(),
     )
 
@@ -404,6 +669,10 @@ def lock_keys() -> Select[tuple[str]]:
     another worker is claiming right now is skipped, not waited for. The locks are released when
     the claim transaction commits. Served by ``sqla_jobs_job_keyed_idx``.
     """
+    return _lock_keys(_due_now())
+
+
+def _lock_keys(due: tuple[ColumnElement[bool], ...]) -> Select[tuple[str]]:
     heads = (
         select(
             job.c.concurrency_key,
@@ -412,7 +681,7 @@ def lock_keys() -> Select[tuple[str]]:
             job.c.id,
             _per_key_rank(),
         )
-        .where(*_due_keyed(job.c.concurrency_key.is_not(None)))
+        .where(*_due_keyed(job.c.concurrency_key.is_not(None), due))
         .cte("heads")
         .prefix_with("MATERIALIZED")
     )
@@ -442,6 +711,29 @@ def claim_keyed() -> Select[Any]:
     claiming them, and this statement's snapshot is taken after the locks were granted, so it sees
     every claim committed by their previous holders. Returns :data:`CLAIMED_COLUMNS`.
     """
+    return _claim_keyed(_due_now())
+
+
+def claim_keyed_with_meta() -> Select[Any]:
+    """:func:`claim_keyed`, returning each job's ``meta`` too, after :data:`CLAIMED_COLUMNS` (see
+    :func:`claim_with_meta`)."""
+    return _claim_keyed(_due_now(), meta=True)
+
+
+def claim_keyed_with_due_at() -> Select[Any]:
+    """:func:`claim_keyed`, returning each job's ``due_at`` too, as the last column (see
+    :func:`claim_with_due_at`)."""
+    return _claim_keyed(_due_now(), timed=True)
+
+
+def claim_keyed_with_meta_and_due_at() -> Select[Any]:
+    """:func:`claim_keyed_with_meta` with ``due_at`` as the last column."""
+    return _claim_keyed(_due_now(), meta=True, timed=True)
+
+
+def _claim_keyed(
+    due: tuple[ColumnElement[bool], ...], meta: bool = False, timed: bool = False
+) -> Select[Any]:
     keys = bindparam("keys", type_=ARRAY(Text))
     ranked = (
         select(
@@ -452,7 +744,7 @@ def claim_keyed() -> Select[Any]:
             job.c.run_at,
             _per_key_rank(),
         )
-        .where(*_due_keyed(job.c.concurrency_key == func.any(keys)), _crash_rule())
+        .where(*_due_keyed(job.c.concurrency_key == func.any(keys), due), _crash_rule())
         .cte("ranked")
         .prefix_with("MATERIALIZED")
     )
@@ -477,7 +769,85 @@ def claim_keyed() -> Select[Any]:
     return _mark_claimed(
         update(job).where(
             job.c.id == func.any(func.array(picked.scalar_subquery())), job.c.state == PENDING
+        ),
+        meta,
+        timed,
+    )
+
+
+# -- sqla_jobs.testing: the worker's claims, limited to the jobs a test wrote ---------------------
+
+#: The row was written (inserted, or last updated) by the current transaction or one of its
+#: savepoints. Its ``xmin`` is then one of this transaction's xids, which ``pg_xact_status`` alone
+#: reports ``in progress`` for a row we can see (another transaction's uncommitted rows are
+#: invisible). Comparing ``xmin`` with ``pg_current_xact_id()`` instead would miss every row
+#: written in a savepoint, which has an xid of its own: a Session joined with
+#: ``join_transaction_mode="create_savepoint"`` writes nothing else. ``xmin`` is 32 bits and
+#: ``pg_xact_status`` takes an ``xid8``: the xid is widened to the one nearest this transaction's
+#: own (within 2^31 of it, as every unfrozen xid is; not the snapshot's ``xmax``, which our own
+#: newest xids may have passed). Without an xid of its own the transaction wrote nothing: NULL.
+#: Only a row frozen after 2^31 newer transactions could widen wrongly (to an error).
+WRITTEN_HERE: ColumnElement[bool] = literal_column(
+    "pg_xact_status((pg_current_xact_id_if_assigned()::text::bigint"
+    " + (((xmin::text::bigint - pg_current_xact_id_if_assigned()::text::bigint)"
+    " + 2147483648) & 4294967295) - 2147483648)::text::xid8) = 'in progress'",
+    Boolean,
+)
+
+
+def _this_test() -> ColumnElement[bool]:
+    # Every job when ``all_jobs``, else only this transaction's.
+    return or_(bindparam("all_jobs", False, type_=Boolean), WRITTEN_HERE)
+
+
+def _due_for_testing() -> tuple[ColumnElement[bool], ...]:
+    # Due by now() + ``ahead_us`` microseconds (time moved forward without sleeping), or at any
+    # time with ``delayed``; the outcomes still compute run_at from the real now().
+    return (
+        or_(
+            bindparam("delayed", False, type_=Boolean),
+            job.c.run_at
+            <= func.now() + bindparam("ahead_us", 0, type_=BigInteger) * ONE_MICROSECOND,
+        ),
+        _this_test(),
+    )
+
+
+def claim_for_testing() -> Select[Any]:
+    """:func:`claim` as ``sqla_jobs.testing`` runs it, inside a test's transaction: only the jobs
+    that transaction wrote (:data:`WRITTEN_HERE`) unless ``all_jobs``, due by ``now()`` plus
+    ``ahead_us`` microseconds (any ``run_at`` with ``delayed``). Locks and returns what
+    :func:`claim` does; not for workers (``WRITTEN_HERE`` is a filter on every pending row)."""
+    return _claim(_due_for_testing())
+
+
+def lock_keys_for_testing() -> Select[tuple[str]]:
+    """:func:`lock_keys` with :func:`claim_for_testing`'s selection (``all_jobs``, ``ahead_us``,
+    ``delayed``)."""
+    return _lock_keys(_due_for_testing())
+
+
+def claim_keyed_for_testing() -> Select[Any]:
+    """:func:`claim_keyed` with :func:`claim_for_testing`'s selection (``all_jobs``,
+    ``ahead_us``, ``delayed``): the concurrency limits hold as they do for a worker."""
+    return _claim_keyed(_due_for_testing())
+
+
+def find_pending_for_testing() -> Select[Job]:
+    """The pending jobs as ORM ``Job`` objects, oldest first (by id), of kind ``kind`` unless
+    ``any_kind``, and only those the current transaction wrote unless ``all_jobs``. Locks
+    nothing; a test's read, a scan of the pending rows."""
+    return (
+        select(Job)
+        .where(
+            job.c.state == PENDING,
+            or_(
+                bindparam("any_kind", True, type_=Boolean),
+                job.c.kind == bindparam("kind", None, type_=Text),
+            ),
+            _this_test(),
         )
+        .order_by(job.c.id)
     )
 
 
@@ -528,11 +898,17 @@ def keep_completed() -> AnyUpdate:
     return _end_held_run(COMPLETED)
 
 
-def _end_held_run(state: ColumnElement[str]) -> AnyUpdate:
+def keep_completed_in_session() -> AnyUpdate:
+    """:func:`keep_completed` with job ``job_id`` for a Session's ``execute``: SQLAlchemy
+    reserves the name ``id`` of an UPDATE's column for its own parameters."""
+    return _end_held_run(COMPLETED, "job_id")
+
+
+def _end_held_run(state: ColumnElement[str], id_param: str = "id") -> AnyUpdate:
     # Job ``id`` (lease ``token``) ends in the terminal ``state``, ``error`` in ``last_error``.
     return (
         update(job)
-        .where(_one_held())
+        .where(_one_held(id_param))
         .values(
             state=state,
             finished_at=func.now(),
@@ -708,9 +1084,9 @@ def release() -> AnyUpdate:
     )
 
 
-def _one_held() -> ColumnElement[bool]:
+def _one_held(id_param: str = "id") -> ColumnElement[bool]:
     return and_(
-        job.c.id == bindparam("id", type_=BigInteger),
+        job.c.id == bindparam(id_param, type_=BigInteger),
         job.c.lease_token == bindparam("token", type_=UUID(as_uuid=True)),
     )
 
@@ -863,12 +1239,24 @@ def find_job_tables() -> Select[tuple[object, ...]]:
 # -- operations: what an operator does to jobs and queues (sqla_jobs._ops) --------------------------
 
 
+#: What an operation reads of the jobs it locks: id, state, queue, whether a cancel was requested
+#: and whether the job is unique (a retry checks its key).
+_OPERATED_COLUMNS = (
+    job.c.id,
+    job.c.state,
+    job.c.queue,
+    job.c.cancel_requested_at.is_not(None),
+    job.c.unique_key.is_not(None),
+)
+
+
 def lock_jobs() -> Select[Any]:
-    """The jobs ``ids`` that exist, with state, queue and whether a cancel was requested, locked
+    """The jobs ``ids`` that exist, with state, queue, whether a cancel was requested and whether
+    the job is unique, locked
     (``FOR UPDATE``) so that an operation sees and changes them as one: a worker's completion of
     one of them waits for the operator's transaction, and the other way round. Primary key."""
     return (
-        select(job.c.id, job.c.state, job.c.queue, job.c.cancel_requested_at.is_not(None))
+        select(*_OPERATED_COLUMNS)
         .where(job.c.id == func.any(_ids()))
         .order_by(job.c.id)
         .with_for_update()
@@ -883,7 +1271,7 @@ def find_jobs() -> Select[Any]:
     kind = bindparam("kind", type_=Text)
     queue = bindparam("queue", type_=Text)
     return (
-        select(job.c.id, job.c.state, job.c.queue, job.c.cancel_requested_at.is_not(None))
+        select(*_OPERATED_COLUMNS)
         .where(
             job.c.state == func.any(bindparam("states", type_=ARRAY(Text))),
             or_(queue.is_(None), job.c.queue == queue),
@@ -893,6 +1281,13 @@ def find_jobs() -> Select[Any]:
         .limit(bindparam("limit", type_=BigInteger))
         .with_for_update()
     )
+
+
+def find_jobs_among() -> Select[Any]:
+    """:func:`find_jobs` among the jobs ``ids`` (a bigint array: what the application's own query
+    of job ids returned, for an operation given a SELECT), locked as :func:`lock_jobs` locks them.
+    An id no job has is no error: a filter finds what is there. Primary key."""
+    return find_jobs().where(job.c.id == func.any(_ids()))
 
 
 def retry_jobs() -> AnyUpdate:
@@ -958,6 +1353,309 @@ def set_queue_paused() -> AnyInsert:
             "updated_at": func.now(),
         },
     ).returning(queue_state.c.paused_at)
+
+
+# -- periodic schedules (sqla_jobs._scheduler, sqla-jobs schedules) ---------------------------------
+
+
+def register_schedules() -> AnyInsert:
+    """Add the rows of schedules not yet in ``sqla_jobs_schedule``: ``names``, ``kinds`` and
+    ``specs`` are parallel text arrays. Rows already there are left alone (``ON CONFLICT DO
+    NOTHING``: no lock on them, so a scheduler starting never waits behind a tick's
+    transaction). Returns the names inserted."""
+    rows = select(
+        func.unnest(bindparam("names", type_=ARRAY(Text))).label("name"),
+        func.unnest(bindparam("kinds", type_=ARRAY(Text))).label("kind"),
+        func.unnest(bindparam("specs", type_=ARRAY(Text))).label("spec"),
+    )
+    return (
+        pg_insert(schedule)
+        .from_select(["name", "kind", "spec"], rows)
+        .on_conflict_do_nothing(index_elements=[schedule.c.name])
+        .returning(schedule.c.name)
+    )
+
+
+def read_schedules() -> Select[Any]:
+    """The scheduling state of the schedules named in ``names`` (a text array): ``spec``,
+    ``last_tick_at``, ``paused_at``, and the database clock (``clock_timestamp()``, the time
+    every tick is planned by). No locks; primary key probes."""
+    return select(
+        schedule.c.name,
+        schedule.c.spec,
+        schedule.c.last_tick_at,
+        schedule.c.paused_at,
+        func.clock_timestamp().label("now"),
+    ).where(schedule.c.name == func.any(bindparam("names", type_=ARRAY(Text))))
+
+
+def advance_schedule() -> AnyUpdate:
+    """Compare-and-set: move schedule ``schedule_name`` from last tick ``prev`` (NULL: none yet) to
+    ``tick``, writing ``next_tick``, ``schedule_spec`` and ``schedule_kind``, unless it is paused. The row is locked
+    ``FOR UPDATE SKIP LOCKED``: a scheduler never waits for another one's tick, and of two that
+    race for the same ``prev`` only one gets the row back (the other's re-check, under READ
+    COMMITTED, sees the new ``last_tick_at``). Returns the name when it advanced, nothing
+    otherwise. Run in the transaction that enqueues the tick's jobs, so the two commit together."""
+    prev = bindparam("prev", type_=schedule.c.last_tick_at.type)
+    name = bindparam("schedule_name", type_=Text)
+    locked = (
+        select(schedule.c.name)
+        .where(
+            schedule.c.name == name,
+            schedule.c.last_tick_at.is_not_distinct_from(prev),
+            schedule.c.paused_at.is_(None),
+        )
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    return (
+        update(schedule)
+        .where(schedule.c.name == locked)
+        .values(
+            last_tick_at=bindparam("tick", type_=schedule.c.last_tick_at.type),
+            next_tick_at=bindparam("next_tick", type_=schedule.c.next_tick_at.type),
+            spec=bindparam("schedule_spec", type_=Text),
+            kind=bindparam("schedule_kind", type_=Text),
+            seen_at=func.now(),
+            updated_at=func.now(),
+        )
+        .returning(schedule.c.name)
+    )
+
+
+def record_schedule_job() -> AnyUpdate:
+    """Set the last job enqueued by schedule ``schedule_name`` to ``last_job`` (in the transaction that
+    advanced it, whose lock it already holds)."""
+    return (
+        update(schedule)
+        .where(schedule.c.name == bindparam("schedule_name", type_=Text))
+        .values(last_job_id=bindparam("last_job", type_=BigInteger))
+        .returning(schedule.c.name)
+    )
+
+
+def set_schedule_paused() -> AnyInsert:
+    """Pause (``paused`` true) or resume schedule ``schedule_name`` (of ``schedule_kind``, defined as ``schedule_spec``),
+    adding its row if no scheduler has yet. A pause keeps its first time. A resume of a paused
+    schedule moves its last tick up to now, so the ticks that passed while it was held are
+    skipped, not caught up; resuming one that is not paused changes nothing. Waits for a tick's
+    transaction on that row (milliseconds). Returns ``paused_at`` and ``last_tick_at``."""
+    paused = bindparam("paused", type_=Boolean)
+    stmt = pg_insert(schedule).values(
+        name=bindparam("schedule_name", type_=Text),
+        kind=bindparam("schedule_kind", type_=Text),
+        spec=bindparam("schedule_spec", type_=Text),
+        paused_at=case((paused, func.now()), else_=null()),
+        last_tick_at=case((paused, null()), else_=func.now()),
+    )
+    return stmt.on_conflict_do_update(
+        index_elements=[schedule.c.name],
+        set_={
+            "paused_at": case(
+                (paused, func.coalesce(schedule.c.paused_at, func.now())), else_=null()
+            ),
+            "last_tick_at": case(
+                (or_(paused, schedule.c.paused_at.is_(None)), schedule.c.last_tick_at),
+                else_=func.greatest(schedule.c.last_tick_at, func.now()),
+            ),
+            "updated_at": func.now(),
+        },
+    ).returning(schedule.c.paused_at, schedule.c.last_tick_at)
+
+
+def scheduler_privileges() -> Select[Any]:
+    """Whether the current role may run the scheduler: ``enqueue`` (INSERT on the job table named
+    ``job_table``) and ``schedules`` (SELECT, INSERT, UPDATE on ``schedule_table``). The names
+    are bound, schema-qualified as :func:`job_table_name` renders them. Reads the catalog only."""
+    schedule_table = bindparam("schedule_table", type_=Text)
+    # A list of privileges is true when ANY of them is held: each is asked for on its own.
+    return select(
+        func.has_table_privilege(bindparam("job_table", type_=Text), "INSERT").label("enqueue"),
+        and_(
+            *(func.has_table_privilege(schedule_table, p) for p in ("SELECT", "INSERT", "UPDATE"))
+        ).label("schedules"),
+    )
+
+
+def completion_privileges() -> Select[Any]:
+    """Whether the current role may complete a job in its own transaction: ``complete`` (SELECT
+    and DELETE on the job table bound as ``job_table``) and ``history`` (INSERT on the table
+    bound as ``history_table``). Names as :func:`job_table_name` renders them; catalog only."""
+    job_table = bindparam("job_table", type_=Text)
+    return select(
+        and_(
+            func.has_table_privilege(job_table, "SELECT"),
+            func.has_table_privilege(job_table, "DELETE"),
+        ).label("complete"),
+        func.has_table_privilege(bindparam("history_table", type_=Text), "INSERT").label("history"),
+    )
+
+
+def blocking_foreign_keys() -> Select[Any]:
+    """How many foreign keys of the application's point at the job table (bound as
+    ``job_table``, text, as :func:`job_table_name` renders it) with an action that refuses the
+    delete of a referenced row (``NO ACTION``, ``RESTRICT``). Reads the catalog only."""
+    constraint = sa_table(
+        "pg_constraint",
+        column("contype"),
+        column("confrelid"),
+        column("confdeltype"),
+        schema="pg_catalog",
+    )
+    return (
+        select(func.count())
+        .select_from(constraint)
+        .where(
+            constraint.c.contype == "f",
+            constraint.c.confrelid == cast(bindparam("job_table", type_=Text), REGCLASS),
+            constraint.c.confdeltype.in_(["a", "r"]),
+        )
+    )
+
+
+def deferred_job_triggers() -> Select[Any]:
+    """How many triggers on the job table (bound as ``job_table``, text, as
+    :func:`job_table_name` renders it) fire only at commit (``INITIALLY DEFERRED``): those of the
+    application's deferrable foreign keys to it (Django makes them so), and constraint triggers of
+    its own. A worker whose claim connection finds any runs :data:`IMMEDIATE_CONSTRAINTS` first
+    in each pipeline that writes outcomes. Reads the catalog only."""
+    trigger = TableClause(
+        "pg_trigger", column("tgrelid"), column("tginitdeferred"), schema="pg_catalog"
+    )
+    return (
+        select(func.count())
+        .select_from(trigger)
+        .where(
+            trigger.c.tgrelid == cast(bindparam("job_table", type_=Text), REGCLASS),
+            trigger.c.tginitdeferred.is_(true()),
+        )
+    )
+
+
+#: Checks what the rest of the transaction does at each statement's end, deferred constraints
+#: included: a violation found at a pipeline's implicit commit leaves psycopg's pipeline unusable
+#: (the connection lost, the outcomes retried forever), one found at the statement's end is that
+#: statement's error, which the worker handles (a completion kept as ``completed``).
+IMMEDIATE_CONSTRAINTS = "SET CONSTRAINTS ALL IMMEDIATE"
+
+
+def limit_idle_in_transaction() -> Select[tuple[object]]:
+    """For the rest of the transaction, let the server end it if its client goes quiet for
+    ``timeout`` (text, e.g. ``'10s'``): a scheduler frozen in a tick's transaction then lets go of
+    the schedule's row lock instead of holding that schedule back until it thaws."""
+    return select(
+        func.set_config(
+            "idle_in_transaction_session_timeout", bindparam("timeout", type_=Text), true()
+        )
+    )
+
+
+def database_clock() -> Select[Any]:
+    """The database's ``now()``: what schedule listings compute the next tick from."""
+    return select(func.now())
+
+
+def list_schedules() -> Select[Any]:
+    """Every row of ``sqla_jobs_schedule``, by name, with the state of its last job (NULL once
+    that job is pruned). No locks; for ``sqla-jobs schedules``."""
+    return (
+        select(
+            schedule.c.name,
+            schedule.c.kind,
+            schedule.c.spec,
+            schedule.c.last_tick_at,
+            schedule.c.last_job_id,
+            schedule.c.next_tick_at,
+            schedule.c.paused_at,
+            schedule.c.seen_at,
+            job.c.state.label("last_job_state"),
+        )
+        .select_from(schedule.outerjoin(job, job.c.id == schedule.c.last_job_id))
+        .order_by(schedule.c.name)
+    )
+
+
+# -- links: jobs linked to the application's own rows (sqla_jobs.links) ---------------------------
+
+#: What the link builders compile for when given no table: the shape ``sqla_jobs.link_table``
+#: builds, a row's key and a job's id (the golden files show the SQL for it).
+EXAMPLE_LINK = TableClause(
+    "order_jobs", column("order_id", BigInteger), column("job_id", BigInteger)
+)
+
+
+def insert_links(
+    link: TableClause = EXAMPLE_LINK,
+    key: str = "order_id",
+    job_key: str = "job_id",
+    schema: str | None = None,
+) -> Insert:
+    """Link jobs to rows through the application's link table ``link``: one row per pair of the
+    parallel arrays ``keys`` (of the ``key`` column's type) and ``ids`` (job ids), ``ON CONFLICT
+    DO NOTHING`` (a link made twice is made once), for the jobs the statement's snapshot sees
+    (a job already gone is not linked). No lock of its own: the foreign key's check locks each
+    job ``FOR KEY SHARE`` (as the job table's owner, so the caller needs no ``UPDATE`` on it),
+    which makes a worker's completion of an *existing* job wait for the caller's commit; a job
+    enqueued in the same transaction is seen by no worker yet. The job table is named with
+    ``schema`` here: a ``schema_translate_map`` would move the application's link table along
+    with it. Primary key probes on the job table; the link table's primary key takes the rows.
+    """
+    jobs = TableClause(job.name, column("id", BigInteger), schema=schema)
+    pairs = (
+        func.unnest(
+            bindparam("keys", type_=ARRAY(link.c[key].type)),
+            bindparam("ids", type_=ARRAY(BigInteger)),
+        )
+        .table_valued("key", "id")
+        .render_derived(name="pairs")
+    )
+    rows = select(pairs.c.key, jobs.c.id).join_from(pairs, jobs, jobs.c.id == pairs.c.id)
+    return pg_insert(link).from_select([key, job_key], rows).on_conflict_do_nothing()
+
+
+#: SAVEPOINT, ROLLBACK TO and RELEASE of the savepoint around links to jobs this enqueue did not
+#: insert (a unique job's duplicate): the one job it links may complete meanwhile.
+LINK_SAVEPOINT = (
+    "SAVEPOINT sqla_jobs_link",
+    "ROLLBACK TO SAVEPOINT sqla_jobs_link",
+    "RELEASE SAVEPOINT sqla_jobs_link",
+)
+
+
+def find_link_table() -> Select[Any]:
+    """The relation named ``link_table`` (text: a name quoted as SQL, schema-qualified or
+    resolved through the search_path): its schema, its name, and the columns of its single-column
+    foreign keys to the job table ``job_table`` (text, as :func:`job_table_name` renders it). No
+    row: no such relation. No column: it is not a link table. For ``sqla-jobs jobs list
+    --linked``, which reads such a table only once this has vouched for it. Reads the catalog
+    only (no privilege on either table needed)."""
+    return select(
+        text(
+            "n.nspname AS schema, c.relname AS name, "
+            "ARRAY(SELECT CAST(a.attname AS text) FROM pg_constraint AS k "
+            "JOIN pg_attribute AS a ON a.attrelid = k.conrelid AND a.attnum = k.conkey[1] "
+            "WHERE k.conrelid = c.oid AND k.contype = 'f' AND cardinality(k.conkey) = 1 "
+            "AND k.confrelid = to_regclass(CAST(:job_table AS text)) "
+            "ORDER BY a.attname) AS job_columns "
+            "FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace "
+            "WHERE c.oid = to_regclass(CAST(:link_table AS text))"
+        )
+    )
+
+
+def list_linked_jobs(
+    link: TableClause = EXAMPLE_LINK, key: str = "order_id", job_key: str = "job_id"
+) -> Select[Any]:
+    """:func:`list_jobs` (same parameters and columns), only the jobs linked through the
+    application's link table ``link`` to the rows whose ``key`` column equals ``linked`` (text,
+    cast by the server to that column's type: a value that cannot be one is an error before
+    anything is read). An EXISTS, so a job linked twice is listed once. No locks; the link
+    table's primary key (key first) finds the jobs, the job table's primary key reads them."""
+    value = cast(bindparam("linked", type_=Text), link.c[key].type)
+    linked = (
+        select(link.c[job_key]).where(link.c[job_key] == job.c.id, link.c[key] == value).exists()
+    )
+    return list_jobs().where(linked)
 
 
 # -- the CLI's listings ----------------------------------------------------------------------------
@@ -1133,3 +1831,152 @@ def _pruner_key() -> tuple[ColumnElement[Any], ColumnElement[Any]]:
     schema = func.coalesce(bindparam("schema_name", type_=Text), literal_column("''"))
     name: ColumnElement[str] = literal_column(f"'{PRUNE_LOCK_NAME}:'") + schema
     return literal_column(str(ADVISORY_NAMESPACE)), func.hashtext(name)
+
+
+# -- metrics: the queue sampler -----------------------------------------------------------------------
+
+#: The name of the sampler's advisory lock (with the schema): one worker samples the queues.
+SAMPLE_LOCK_NAME = "sqla_jobs.sample"
+
+
+def try_lock_sampler() -> Select[tuple[bool]]:
+    """Try to become the one queue sampler of the queue table in ``schema_name``: a
+    *session-level* advisory lock (:data:`ADVISORY_NAMESPACE`,
+    ``hashtext('sqla_jobs.sample:' || schema_name)``), never waited for; true if this session
+    holds it now. The sampler keeps it for as long as its connection lives (no transaction, no
+    snapshot); the session's end releases it, and another worker's next try takes it."""
+    schema = func.coalesce(bindparam("schema_name", type_=Text), literal_column("''"))
+    name: ColumnElement[str] = literal_column(f"'{SAMPLE_LOCK_NAME}:'") + schema
+    return select(
+        func.pg_try_advisory_lock(literal_column(str(ADVISORY_NAMESPACE)), func.hashtext(name))
+    )
+
+
+def sample_queues() -> Any:
+    """The queues' depth for the metrics: rows of (queue, state, jobs, oldest due age in seconds).
+
+    ``due`` rows count the pending jobs whose ``run_at`` has passed, with the age of the oldest
+    (one row per queue from the unkeyed jobs and one from the keyed jobs: add them up); ``running``,
+    ``dead``, ``cancelled`` and ``completed`` rows count those states (no age). Jobs not yet due
+    are never read: with millions of jobs scheduled for later, counting them would read every
+    one of them at every sample.
+
+    Unkeyed due jobs are found by a loose index scan of ``sqla_jobs_job_claim_idx`` (queue,
+    priority, run_at): a recursive CTE steps from one (queue, priority) to the next by one index
+    probe each, and under each reads only the index entries already due; the cost is one probe per
+    (queue, priority) plus the due jobs, whatever the number of jobs scheduled later. Keyed
+    pending jobs are read from ``sqla_jobs_job_keyed_idx`` (all of them: keys are too many to
+    step over), running jobs from ``sqla_jobs_job_running_idx`` and finished ones from
+    ``sqla_jobs_job_finished_idx``, each partial and holding only its rows. A plain read: no locks.
+    """
+    unkeyed = (job.c.state == PENDING, job.c.concurrency_key.is_(None))
+    order = (job.c.queue, job.c.priority)
+    first = select(job.c.queue, job.c.priority).where(*unkeyed).order_by(*order).limit(1)
+    heads = first.cte("heads", recursive=True)
+    after = (
+        select(job.c.queue, job.c.priority)
+        .where(
+            *unkeyed, tuple_(job.c.queue, job.c.priority) > tuple_(heads.c.queue, heads.c.priority)
+        )
+        .order_by(*order)
+        .limit(1)
+        .lateral("next")
+    )
+    heads = heads.union_all(
+        select(after.c.queue, after.c.priority).select_from(heads).join(after, true())
+    )
+    due_now = job.c.run_at <= func.now()
+    under = (
+        select(func.count().label("jobs"), func.min(job.c.run_at).label("oldest"))
+        .where(*unkeyed, job.c.queue == heads.c.queue, job.c.priority == heads.c.priority, due_now)
+        .lateral("under")
+    )
+    age = func.date_part(literal_column("'epoch'"), func.now() - func.min(under.c.oldest))
+    due_unkeyed = (
+        select(
+            heads.c.queue,
+            literal_column("'due'").label("state"),
+            cast(func.sum(under.c.jobs), BigInteger).label("jobs"),
+            age.label("oldest_due"),
+        )
+        .select_from(heads)
+        .join(under, true())
+        .group_by(heads.c.queue)
+    )
+    keyed_age = func.date_part(
+        literal_column("'epoch'"), func.now() - func.min(job.c.run_at).filter(due_now)
+    )
+    due_keyed = (
+        select(job.c.queue, literal_column("'due'"), func.count().filter(due_now), keyed_age)
+        .where(job.c.state == PENDING, job.c.concurrency_key.is_not(None))
+        .group_by(job.c.queue)
+    )
+    running = (
+        select(job.c.queue, literal_column("'running'"), func.count(), null())
+        .where(job.c.state == RUNNING)
+        .group_by(job.c.queue)
+    )
+    finished = (
+        select(job.c.queue, job.c.state, func.count(), null())
+        .where(job.c.state.in_([COMPLETED, DEAD, CANCELLED]))
+        .group_by(job.c.queue, job.c.state)
+    )
+    return due_unkeyed.union_all(due_keyed, running, finished)
+
+
+# -- the registry of live workers ---------------------------------------------------------------------
+
+
+def register_worker() -> AnyInsert:
+    """Register worker ``name`` (``host``, ``pid``, ``queues``, ``concurrency``) as alive until
+    ``now() + ttl``, or move the heartbeat of its row forward: one upsert for the start and every
+    heartbeat, so a row pruned while the worker was away from the database comes back at its next
+    beat (its ``started_at`` then being that beat). Locks only that row; a primary-key probe of a
+    table of a few rows. Returns the name."""
+    values = {
+        "name": bindparam("name", type_=Text),
+        "host": bindparam("host", type_=Text),
+        "pid": bindparam("pid", type_=Integer),
+        "queues": bindparam("queues", type_=ARRAY(Text)),
+        "concurrency": bindparam("concurrency", type_=Integer),
+        "expires_at": func.now() + bindparam("ttl", type_=Interval),
+    }
+    stmt = pg_insert(registry).values(**values)
+    return stmt.on_conflict_do_update(
+        index_elements=[registry.c.name],
+        set_={"heartbeat_at": func.now(), "expires_at": stmt.excluded.expires_at},
+    ).returning(registry.c.name)
+
+
+def unregister_worker() -> AnyDelete:
+    """Delete the row of worker ``name`` (its graceful stop). Returns the name if it was there."""
+    return (
+        delete(registry)
+        .where(registry.c.name == bindparam("name", type_=Text))
+        .returning(registry.c.name)
+    )
+
+
+def prune_workers() -> AnyDelete:
+    """Delete the rows of workers whose ``expires_at`` has passed by the database's clock (killed,
+    or away from the database for three of their heartbeats). Returns their names. A scan of a
+    table of a few rows; locks the rows it deletes (a worker's beat of its own row waits for it)."""
+    return delete(registry).where(registry.c.expires_at < func.now()).returning(registry.c.name)
+
+
+def list_workers() -> Select[Any]:
+    """Every registered worker, oldest first: name, host, pid, queues, concurrency, started_at,
+    heartbeat_at, seconds since that heartbeat by the database's clock, and whether the row is
+    stale (``expires_at`` passed, not yet pruned). No locks."""
+    since = func.date_part(literal_column("'epoch'"), func.now() - registry.c.heartbeat_at)
+    return select(
+        registry.c.name,
+        registry.c.host,
+        registry.c.pid,
+        registry.c.queues,
+        registry.c.concurrency,
+        registry.c.started_at,
+        registry.c.heartbeat_at,
+        since.label("heartbeat_age"),
+        (registry.c.expires_at < func.now()).label("stale"),
+    ).order_by(registry.c.started_at, registry.c.name)

@@ -30,6 +30,7 @@ from .errors import (
     PayloadTooLargeError,
 )
 from .kinds import Kind, Registry, check_name
+from .unique import Unique, UniqueKey, key_of
 
 _ZERO = timedelta(0)
 _META_AT = _row.NAMES.index("meta")
@@ -132,8 +133,10 @@ def prepare(
     max_attempts: int | None,
     concurrency_key: str | None = None,
     meta: Mapping[str, Any] | None = None,
+    unique_key: str | None = None,
 ) -> Prepared:
-    """Resolve the kind, validate the payload, the options and ``meta``; no I/O."""
+    """Resolve the kind, validate the payload, the options, ``meta`` and the unique key; no
+    I/O."""
     if isinstance(payload, str):
         kind = registry.by_name(payload)
         if data is None:
@@ -165,7 +168,26 @@ def prepare(
         concurrency_key=key,
         concurrency_limit=limit,
         meta=None if meta is None else meta_json(meta),
+        unique=_unique(kind, payload_json, q, unique_key),
     )
+
+
+def _unique(kind: Kind, payload_json: str, queue: str, explicit: str | None) -> UniqueKey | None:
+    """The job's unique key: from ``explicit`` (any kind; the kind's :class:`Unique` states and
+    period if it declares one, else pending and running), else from the kind's declaration."""
+    unique = kind.options.unique
+    if explicit is not None:
+        if not isinstance(explicit, str) or not 1 <= len(explicit) <= 1000 or "\x00" in explicit:
+            raise InvalidOptionError(
+                f"unique_key for kind {kind.name!r} must be a str of 1-1000 characters without "
+                f"NUL, got {explicit!r}"
+            )
+        _text.check(f"unique_key for kind {kind.name!r}", "unique_key", explicit)
+        if unique is None:
+            unique = Unique().check(kind.model)
+    if unique is None:
+        return None
+    return key_of(kind.name, unique, payload_json, queue, explicit)
 
 
 def _options(
@@ -238,8 +260,9 @@ def prepare_many(
             _at(exc, first + start)
             raise
         run = items[start:stop]
+        opts = entry.kind.options
         texts = (
-            None if entry.kind.options.concurrency_key else _serialize_run(entry, run, max_bytes)
+            None if opts.concurrency_key or opts.unique else _serialize_run(entry, run, max_bytes)
         )
         if texts is None:
             for offset, payload in enumerate(run):
@@ -356,6 +379,11 @@ def _append_one(
         template,
         {"payload": [payload_json], "concurrency_key": [key], "concurrency_limit": [limit]},
     )
+    unique = _unique(kind, payload_json, template.queue, None)
+    if unique is not None:
+        if batch.unique is None:
+            batch.unique = [None] * len(batch)
+        batch.unique[-1] = unique
 
 
 def _at(exc: EnqueueError, index: int) -> None:

@@ -29,6 +29,7 @@ import socket
 import threading
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ._config import WorkerConfig, WorkerSeams, check_config
 from ._connections import Connector
@@ -39,18 +40,25 @@ from ._holdings import Holdings
 from ._lanes import Lanes
 from ._leases import LeaseKeeper
 from ._listener import Listener
+from ._monitor import Monitor
 from ._outcome import HandlerTimeout
 from ._parts import build_parts
 from ._prefetch import Prefetch
 from ._pruner import Pruner
 from ._reaper import Reaper
+from ._scheduler import Scheduler
 from ._services import start_threads, stop_thread
+from ._session_checks import check_sessions
+from ._session_runs import AnyMaker, SessionRuns
 from ._shutdown import shutdown
 from ._sql import WorkerSQL
 from ._wakeups import Wakeups
 from .context import ClaimedJob
 from .jobs import Jobs
 from .retention import DEFAULT_RETENTION, Retention
+
+if TYPE_CHECKING:
+    from .metrics import Metrics
 
 __all__ = ["EXIT_FORCED", "EXIT_STUCK", "HandlerTimeout", "Worker"]
 
@@ -65,6 +73,14 @@ EXIT_STUCK = 5
 class Worker:
     """Runs the handlers of ``jobs`` for jobs in ``queues`` (default: the queues of the kinds that
     have handlers).
+
+    ``database_url`` is the application's own URL, in any of SQLAlchemy's PostgreSQL forms
+    (``postgresql://``, ``postgres://``, ``postgresql+psycopg2://``, ``+asyncpg``, ``+pg8000``,
+    ``+psycopg``): the worker connects with psycopg 3 whatever driver it names, and never imports
+    that driver. The driver's query parameters are translated into libpq's (asyncpg's
+    ``ssl=require`` is ``sslmode=require``), its client-side tuning is dropped (asyncpg's
+    ``prepared_statement_cache_size``), and a parameter with no libpq equivalent raises
+    :class:`~sqla_jobs.DatabaseURLError` naming it, before anything connects.
 
     ``concurrency`` handlers run at once. A claimed job holds a lease of ``lease`` seconds, renewed
     every ``heartbeat`` (default a third of the lease) while it runs; an expired lease is reaped
@@ -84,6 +100,21 @@ class Worker:
     Finished jobs are pruned as ``retention`` says (default :class:`Retention`: completed and
     cancelled jobs kept 24 hours, dead ones 7 days; None: never), every ``prune_interval`` seconds
     by one worker at a time across all machines (:mod:`~sqla_jobs._pruner`).
+
+    A handler that takes a third argument gets a Session whose writes commit in one transaction
+    with its job's completion, fenced on the lease (:mod:`~sqla_jobs._session_runs`): from
+    ``sessionmaker`` (a ``sessionmaker``, or an ``async_sessionmaker`` for async handlers; without
+    one, or for the other flavour, a maker on ``database_url``). A handler that holds that
+    transaction open past ``long_transaction`` seconds is logged: it holds back vacuum.
+
+    With ``schedules`` (default) the worker also enqueues the ticks of the schedules declared
+    with :meth:`Jobs.periodic <sqla_jobs.Jobs.periodic>`, each tick once across every worker
+    (:mod:`~sqla_jobs._scheduler`); its role then needs the enqueuer's grants.
+
+    Every worker registers itself in ``sqla_jobs_worker`` while it runs (``sqla-jobs workers``).
+    With ``metrics`` (a :class:`sqla_jobs.metrics.Metrics`, the ``metrics`` extra) it counts and
+    times its runs there, serves them on the metrics' port with ``/healthz``, and takes its turn
+    at sampling the queues' depth.
     """
 
     def __init__(
@@ -107,6 +138,10 @@ class Worker:
         stuck_grace: float = 60.0,
         retention: Retention | None = DEFAULT_RETENTION,
         prune_interval: float = 300.0,
+        schedules: bool = True,
+        sessionmaker: AnyMaker | None = None,
+        long_transaction: float = 60.0,
+        metrics: Metrics | None = None,
         seams: WorkerSeams | None = None,
     ) -> None:
         if queues is None:
@@ -128,6 +163,8 @@ class Worker:
             stuck_grace=stuck_grace,
             retention=retention,
             prune_interval=prune_interval,
+            schedules=schedules,
+            long_transaction=long_transaction,
         )
         check_config(self.config, jobs)
         self.jobs = jobs
@@ -137,7 +174,8 @@ class Worker:
         threshold = 5 if prepared_statements else None
         make = self._seams.connector or Connector
         self.connector = make(libpq_conninfo(database_url), self.name, threshold)
-        self._sql = WorkerSQL(jobs.schema)
+        # With metrics, the claims also return when each job became due (its pickup delay).
+        self._sql = WorkerSQL(jobs.schema, timed=metrics is not None)
         # Keyed claims cost an extra transaction per round: only workers that may see keyed jobs
         # (a handled kind with a concurrency limit) run them.
         self._keyed = any(
@@ -145,7 +183,27 @@ class Worker:
             for k in jobs
             if k.handler is not None and k.options.queue in self.config.queues
         )
+        #: The runs of handlers that take a Session (None: this worker runs none).
+        self.sessions: SessionRuns | None = None
+        if any(k.wants_session and k.options.queue in self.config.queues for k in jobs):
+            self.sessions = SessionRuns(
+                url=database_url,
+                schema=jobs.schema,
+                keep_history=keep_history,
+                maker=sessionmaker,
+                pool_size=concurrency,
+                warn_after=long_transaction,
+            )
         self.holdings = Holdings()
+        self.holdings.timed = metrics is not None
+        #: Its registry row, and its metrics if any.
+        self.monitor = Monitor(
+            jobs=jobs,
+            config=self.config,
+            name=self.name,
+            connector=self.connector,
+            metrics=metrics,
+        )
         self.prefetch = Prefetch(concurrency, prefetch, batch_size)
         #: Counters for tests, benchmarks and the final log line.
         self.counts = dict.fromkeys(
@@ -156,6 +214,7 @@ class Worker:
         self.reaper: Reaper | None = None
         self.pruner: Pruner | None = None
         self.listener: Listener | None = None
+        self.scheduler: Scheduler | None = None
         self.lanes: Lanes | None = None
         self.handoff: Handoff | None = None
         self.wakeups: Wakeups | None = None
@@ -200,17 +259,40 @@ class Worker:
         if signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig)
-        fetch = self._build(wakeups)
-        assert self.lanes is not None
-        await self.lanes.connection(self.lanes.lanes[0])
+        if self.config.schedules and self.jobs.schedules:
+            self.scheduler = Scheduler(self.jobs, self.connector)
+        try:
+            # First: a metrics port that is taken stops the worker before it connects.
+            self.monitor.open(wakeups, self.holdings)
+            if self.scheduler is not None:
+                # Before any thread starts: a role that may not enqueue stops the worker, named.
+                await asyncio.to_thread(self.scheduler.check)
+            if self.sessions is not None:
+                queues = self.config.queues
+                handled = [k for k in self.jobs if k.wants_session and k.options.queue in queues]
+                await check_sessions(self.sessions, handled)
+            fetch = self._build(wakeups)
+            assert self.lanes is not None
+            await self.monitor.join(await self.lanes.connection(self.lanes.lanes[0]))
+        except BaseException:
+            await self.monitor.close(None)
+            if self.lanes is not None:
+                await self.lanes.close()
+            if self.scheduler is not None:
+                self.scheduler.engine.dispose()
+            if self.sessions is not None:
+                await self.sessions.close()
+            raise
         self._start_threads()
+        self.monitor.start()
         log.info(
-            "worker %s started: queues=%s concurrency=%s lease=%gs listen=%s",
+            "worker %s started: queues=%s concurrency=%s lease=%gs listen=%s schedules=%d",
             self.name,
             ",".join(self.config.queues),
             self.config.concurrency,
             self.config.lease,
             self.config.listen,
+            len(self.jobs.schedules) if self.scheduler is not None else 0,
             extra={"event": "started"},
         )
         self.started.set()
@@ -225,8 +307,13 @@ class Worker:
             log.exception("worker %s crashed", self.name, extra={"event": "crashed"})
             raise
         finally:
-            for thread in (self.listener, self.pruner, self.reaper, self.leases):
+            for thread in (self.scheduler, self.listener, self.pruner, self.reaper, self.leases):
                 await stop_thread(thread)
+            if self.scheduler is not None:
+                self.scheduler.engine.dispose()
+            if self.sessions is not None:
+                await self.sessions.close()
+            await self.monitor.close(self.lanes.lanes[0].conn)
             await self.lanes.close()
             self._slots.close()
             self._steps.close()
@@ -238,6 +325,11 @@ class Worker:
 
     def _build(self, wakeups: Wakeups) -> FetchLoop:
         """The worker's parts on the event loop, wired to one another."""
+        if self.jobs.hooks.reads_meta and not self._sql.meta:
+            # Decided at start, from the hooks registered by then: only a worker with a
+            # middleware that reads ctx.meta claims with the meta column (and pays for it).
+            self._sql = WorkerSQL(self.jobs.schema, meta=True, timed=self._sql.timed)
+            self.holdings.meta = True
         parts = build_parts(
             jobs=self.jobs,
             config=self.config,
@@ -249,6 +341,8 @@ class Worker:
             counts=self.counts,
             keyed=self._keyed,
             on_stuck=self._on_stuck,
+            sessions=self.sessions,
+            observer=self.monitor.observer,
         )
         self._steps, self.lanes, self._slots, self.handoff = (
             parts.steps,
@@ -272,7 +366,11 @@ class Worker:
             cancel_channel=self.jobs.cancel_channel,
             on_cancel=self._slots.cancel,
             schema=self.jobs.schema,
+            registry=self.monitor.registry,
+            on_reaped=self.monitor.on_reaped,
         )
+        if self.scheduler is not None:
+            self.scheduler.start()
 
     def _on_signal(self, sig: int) -> None:
         if self._stop_requested:

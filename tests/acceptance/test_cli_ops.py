@@ -214,6 +214,35 @@ def test_jobs_retry_all_dead_takes_only_the_dead_jobs_of_the_filters(
     assert (again.returncode, again.stdout) == (0, "no dead jobs to retry\n")
 
 
+def test_jobs_retry_of_a_job_whose_unique_key_is_taken_exits_6_and_changes_nothing(
+    ops_effects: Engine, migrated_url: str
+) -> None:
+    with Session(ops_effects) as session:
+        dead = jobs.enqueue(session, "note", {"tag": "a"}, unique_key="order-1").id
+        session.commit()
+    make_dead(ops_effects, dead)
+    with Session(ops_effects) as session:
+        holder = jobs.enqueue(session, "note", {"tag": "b"}, unique_key="order-1").id
+        (other,) = [jobs.enqueue(session, "note", {"tag": "c"}).id]
+        session.commit()
+    make_dead(ops_effects, other)
+    before = snapshot(ops_effects)
+
+    refused = cli(migrated_url, "jobs", "retry", str(dead), str(other))
+    assert refused.returncode == 6
+    assert_one_line_error(
+        refused.stderr, f"job {dead}'s is held by job {holder}", "nothing changed"
+    )
+    assert snapshot(ops_effects) == before
+
+    by_filter = cli(migrated_url, "jobs", "retry", "--all-dead")
+    assert by_filter.returncode == 0, by_filter.stderr
+    assert by_filter.stdout == (
+        f"retried 1 job: {other}\n"
+        f"kept 1 dead, their unique key held by another job: {dead} (held by job {holder})\n"
+    )
+
+
 @pytest.mark.parametrize(
     ("command", "state", "fragment"),
     [

@@ -100,9 +100,11 @@ VERSION_LOCATIONS = {
 OUR_CONSTRAINTS = {
     "sqla_jobs_job_pkey",
     "sqla_jobs_history_pkey",
+    "sqla_jobs_queue_pkey",
+    "sqla_jobs_schedule_pkey",
     *(
         f"sqla_jobs_job_{name}_check"
-        for name in ("state", "lease", "counters", "budgets", "last_error", "queue")
+        for name in ("state", "lease", "counters", "budgets", "last_error", "queue", "unique")
     ),
 }
 _RECIPE_MARKER = "# sqla-jobs recipe\n"

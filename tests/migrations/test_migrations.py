@@ -53,7 +53,7 @@ MODEL_COPY = "model_copy"
 #: Nothing listens here: a command that tried to connect would fail.
 UNREACHABLE_URL = "postgresql://nobody@127.0.0.1:1/nowhere"
 #: The newest shipped revision.
-HEAD = "sqla_jobs_0004"
+HEAD = "sqla_jobs_0006"
 
 
 @pytest.fixture
@@ -100,8 +100,15 @@ def test_upgrade_head_creates_tables_partial_indexes_checks_and_storage_paramete
         "sqla_jobs_job",
         "sqla_jobs_history",
         "sqla_jobs_queue",
+        "sqla_jobs_schedule",
+        "sqla_jobs_worker",
     }
     indexes = {name: definition for _, name, definition in found["indexes"]}
+    # Unique jobs: one job per key among those in a state that counts for it, nothing else.
+    unique = indexes["sqla_jobs_job_unique_idx"]
+    assert unique.startswith("CREATE UNIQUE INDEX sqla_jobs_job_unique_idx ON sqla_jobs_job")
+    assert "(unique_key IS NOT NULL) AND (state = ANY (unique_states))" in unique
+    assert indexes["sqla_jobs_schedule_pkey"].startswith("CREATE UNIQUE INDEX")
     # Partial: the claim index holds only pending rows, the running index only running ones.
     # (Their exact columns are the model's; test_model_and_migrations_... compares them.)
     for name, predicate in (("claim", "pending"), ("running", "running")):
@@ -113,8 +120,9 @@ def test_upgrade_head_creates_tables_partial_indexes_checks_and_storage_paramete
     checks = {name: d for _, name, kind, d in found["constraints"] if kind == "c"}
     assert set(checks) >= {
         f"sqla_jobs_job_{name}_check"
-        for name in ("state", "lease", "counters", "budgets", "last_error", "queue")
+        for name in ("state", "lease", "counters", "budgets", "last_error", "queue", "unique")
     }
+    assert "ARRAY['pending'::text, 'running'::text]" in checks["sqla_jobs_job_unique_check"]
     assert "'pending'::text, 'running'::text, 'dead'::text" in checks["sqla_jobs_job_state_check"]
     assert "char_length(last_error) <= 500" in checks["sqla_jobs_job_last_error_check"]
     storage = dict(found["storage"])
@@ -146,6 +154,41 @@ def test_downgrade_base_removes_every_sqla_jobs_object_and_upgrade_works_again(
     assert version_rows(scratch_url) == set()
     command.upgrade(cfg, "head")
     assert sqla_jobs_objects(scratch_url) == created
+
+
+def test_0006_adds_only_the_worker_registry_and_its_downgrade_removes_only_that(
+    scratch_url: str,
+) -> None:
+    """0005 -> 0006 -> 0005 -> 0006: the registry table (and its primary key) comes and goes, a
+    worker's row with it; nothing else in the database changes."""
+    cfg = alembic_config(scratch_url)
+    command.upgrade(cfg, "sqla_jobs_0005")
+    before = sqla_jobs_objects(scratch_url)
+    command.upgrade(cfg, "sqla_jobs_0006")
+    added = sqla_jobs_objects(scratch_url) - before
+    assert added == {
+        ("class", "public.sqla_jobs_worker"),
+        ("class", "public.sqla_jobs_worker_pkey"),
+        ("constraint", "public.sqla_jobs_worker_pkey"),
+        ("type", "public.sqla_jobs_worker"),
+    }
+    assert sqla_jobs_objects(scratch_url) >= before
+    with connect(scratch_url) as conn:
+        conn.execute(
+            text(
+                "INSERT INTO sqla_jobs_worker (name, host, pid, queues, concurrency, expires_at) "
+                "VALUES ('w', 'h', 1, '{default}', 4, now() + interval '1 minute')"
+            )
+        )
+        row = conn.execute(text("SELECT started_at, heartbeat_at FROM sqla_jobs_worker")).one()
+        assert row.started_at == row.heartbeat_at  # both default to now()
+
+    command.downgrade(cfg, "sqla_jobs_0005")
+    assert sqla_jobs_objects(scratch_url) == before
+    assert version_rows(scratch_url) == {"sqla_jobs_0005"}
+    command.upgrade(cfg, "head")
+    assert sqla_jobs_objects(scratch_url) - before == added
+    assert version_rows(scratch_url) == {HEAD}
 
 
 def test_upgrade_head_a_second_time_is_a_noop_that_executes_no_ddl(scratch_url: str) -> None:
@@ -342,6 +385,8 @@ def test_schema_option_puts_every_object_in_that_schema_and_downgrade_removes_th
         f"{SCHEMA}.sqla_jobs_job",
         f"{SCHEMA}.sqla_jobs_history",
         f"{SCHEMA}.sqla_jobs_queue",
+        f"{SCHEMA}.sqla_jobs_schedule",
+        f"{SCHEMA}.sqla_jobs_worker",
         f"{SCHEMA}.alembic_version",
     }
     with connect(scratch_url) as conn:
@@ -374,6 +419,8 @@ def test_user_recipe_upgrades_heads_autogenerates_nothing_and_downgrades_only_sq
         "public.sqla_jobs_job",
         "public.sqla_jobs_history",
         "public.sqla_jobs_queue",
+        "public.sqla_jobs_schedule",
+        "public.sqla_jobs_worker",
         "public.alembic_version",
     }
     assert version_rows(scratch_url) == {"myapp_0001", HEAD}
@@ -459,6 +506,8 @@ def test_user_recipe_with_sqla_jobs_schema_in_alembic_ini_keeps_our_tables_in_th
         f"{SCHEMA}.sqla_jobs_job",
         f"{SCHEMA}.sqla_jobs_history",
         f"{SCHEMA}.sqla_jobs_queue",
+        f"{SCHEMA}.sqla_jobs_schedule",
+        f"{SCHEMA}.sqla_jobs_worker",
     }
     # Listed, the schema-less sqla_jobs tables look missing from the default schema.
     assert "op.create_table('sqla_jobs_job'" in autogenerate(ini, "listed")["upgrade"]

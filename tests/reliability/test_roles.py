@@ -2,15 +2,20 @@
 
 The SQL blocks of the page are executed with the role and schema names replaced by unique ones for
 this run (roles are cluster-wide), then each role does its job and is refused what it must not do:
-the owner migrates without superuser, the enqueuer adds jobs but cannot change them, the worker runs
-them (skipping paused queues) but cannot change the schema, the operator retries, cancels and
-pauses but cannot enqueue, the reader runs ``sqla-jobs stats`` but cannot write. The roles
-and the schema are dropped at the end.
+the owner migrates without superuser, the enqueuer adds jobs (and replaces a pending unique one)
+but cannot change their state, the worker runs them (skipping paused queues) and enqueues the ticks
+of periodic schedules but cannot change the schema, the operator retries, cancels and pauses queues
+and schedules but cannot enqueue, the reader runs ``sqla-jobs stats`` and lists the schedules but
+cannot write. A handler's Session on the application's own role completes its job with the page's
+grants for it, and without any one of them fails the attempt, its writes rolled back, and is
+retried. The roles and the schema are dropped at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import re
 import secrets
 import subprocess
@@ -29,17 +34,27 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 
-from sqla_jobs import JobContext, Jobs, Worker, stats, testing
+from sqla_jobs import (
+    ConfigurationError,
+    DuplicateJobError,
+    JobContext,
+    Jobs,
+    OnConflict,
+    Unique,
+    Worker,
+    stats,
+    testing,
+)
 from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
 from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD
 from sqla_jobs.migrate import upgrade
 from tests.reliability import edge_app
 from tests.reliability.conftest import Figures, injects
-from tests.reliability.edge_app import wait_for
+from tests.reliability.edge_app import wait_for, wait_running
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "roles.md"
@@ -86,13 +101,23 @@ class Roles:
             return self.name(role[1:]) if role else self.schema
 
         sql = re.sub(r"\bjobs(_owner|_enqueuer|_worker|_operator|_reader)?\b", rename, sql)
+        sql = re.sub(r"\bapp_user\b", self.app_user, sql)
         return sql.replace("'change-me'", f"'{self.password}'")
+
+    @property
+    def app_user(self) -> str:
+        """The application's own role (the page's ``app_user``): handlers' Sessions log in as it."""
+        return f"app_user_{self.suffix}"
 
     def url(self, role: str) -> str:
         """A URL of the test database that logs in as ``role``."""
+        return self.url_of(self.name(role))
+
+    def url_of(self, name: str) -> str:
+        """A URL of the test database that logs in as the role ``name``."""
         return (
             make_url(sqlalchemy_url(self.server_url))
-            .set(username=self.name(role), password=self.password)
+            .set(username=name, password=self.password)
             .render_as_string(hide_password=False)
         )
 
@@ -218,7 +243,14 @@ def test_schema_owner_runs_the_migrations_without_superuser(
         )
     assert superuser is False
     assert owners == dict.fromkeys(
-        ("alembic_version", "sqla_jobs_history", "sqla_jobs_job", "sqla_jobs_queue"),
+        (
+            "alembic_version",
+            "sqla_jobs_history",
+            "sqla_jobs_job",
+            "sqla_jobs_queue",
+            "sqla_jobs_schedule",
+            "sqla_jobs_worker",
+        ),
         roles.name("owner"),
     )
     figures.record(tables_owned=len(owners))
@@ -266,8 +298,8 @@ def test_enqueuer_adds_jobs_but_cannot_change_or_delete_them(
     roles: Roles, engine: Engine, figures: Figures
 ) -> None:
     """The enqueuer role makes every enqueue call (enqueue, enqueue_many by INSERT and by COPY,
-    sync and async), and is refused UPDATE, DELETE, TRUNCATE and the claim: it cannot change a
-    job's state."""
+    sync and async), and is refused UPDATE of a job's state, kind, queue or attempts, DELETE,
+    TRUNCATE and the claim: it cannot change a job's state."""
     app = make_app(roles.schema)
     enqueuer = roles.engine("enqueuer")
     table = f"{roles.schema}.sqla_jobs_job"
@@ -279,7 +311,8 @@ def test_enqueuer_adds_jobs_but_cannot_change_or_delete_them(
 
     messages = [
         refused(execute_as(enqueuer, f"UPDATE {table} SET state = 'dead'")),
-        refused(execute_as(enqueuer, f"UPDATE {table} SET run_at = now() + interval '1 day'")),
+        refused(execute_as(enqueuer, f"UPDATE {table} SET kind = 'other', queue = 'other'")),
+        refused(execute_as(enqueuer, f"UPDATE {table} SET attempts = 99")),
         refused(execute_as(enqueuer, f"DELETE FROM {table}")),
         refused(execute_as(enqueuer, f"TRUNCATE {table}")),
         refused(execute_as(enqueuer, f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), 1)")),
@@ -363,7 +396,7 @@ def test_worker_role_runs_jobs_but_cannot_change_the_schema(
 ) -> None:
     """A Worker connected as the worker role claims, heartbeats, records steps, fails, retries,
     completes into history and reaps; it is refused DDL (CREATE TABLE, ALTER, DROP, TRUNCATE,
-    CREATE INDEX) and INSERT of new jobs."""
+    CREATE INDEX), resuming a queue an operator paused, and deleting a schedule."""
     figures.record(**run_worker_as(roles, engine, "worker"))
     worker = roles.engine("worker")
     table = f"{roles.schema}.sqla_jobs_job"
@@ -374,7 +407,8 @@ def test_worker_role_runs_jobs_but_cannot_change_the_schema(
         refused(execute_as(worker, f"DROP TABLE {table}")),
         refused(execute_as(worker, f"TRUNCATE {table}")),
         refused(execute_as(worker, f"CREATE INDEX worker_idx ON {table} (kind)")),
-        refused(execute_as(worker, f"INSERT INTO {table} (kind, payload) VALUES ('x', '{{}}')")),
+        refused(execute_as(worker, f"UPDATE {roles.schema}.sqla_jobs_queue SET paused_at = NULL")),
+        refused(execute_as(worker, f"DELETE FROM {roles.schema}.sqla_jobs_schedule")),
     ]
     worker.dispose()
     assert any("must be owner" in m for m in messages)
@@ -419,7 +453,10 @@ def run_worker_as(roles: Roles, engine: Engine, role: str) -> dict[str, Any]:
                 ).scalar()
             )
 
+    registry = f"{roles.schema}.sqla_jobs_worker"
     with edge_app.running(worker):
+        # Registered at its start, by its own role.
+        assert count(engine, f"SELECT count(*) FROM {registry} WHERE name = '{worker.name}'") == 1
         wait_for(wobbly_failed, "the failure is recorded")
         with engine.begin() as conn:
             conn.execute(
@@ -428,6 +465,8 @@ def run_worker_as(roles: Roles, engine: Engine, role: str) -> dict[str, Any]:
         wait_for(lambda: len(app.done) == 5, "every job is done")
         wait_for(lambda: count(engine, f"SELECT count(*) FROM {table}") == 0, "all written")
     assert worker.reaper is not None
+    assert worker.monitor.registry.enabled, "the registry was refused"
+    assert count(engine, f"SELECT count(*) FROM {registry} WHERE name = '{worker.name}'") == 0
     with engine.connect() as conn:
         history = dict(
             conn.execute(text(f"SELECT id, attempts FROM {roles.schema}.sqla_jobs_history")).all()
@@ -446,12 +485,15 @@ def test_worker_runs_with_update_narrowed_to_the_columns_it_writes(
     roles: Roles, engine: Engine, doc_sql: dict[str, str], figures: Figures
 ) -> None:
     """With the page's stricter grants (UPDATE on the lease and state columns only) the worker
-    still runs every statement, and is refused changing a job's payload."""
+    still runs every statement and enqueues the ticks of a schedule, and is refused changing a
+    job's payload."""
     strict = [b for first, b in doc_sql.items() if first.startswith(STRICT_BLOCK)]
     assert len(strict) == 1
     run_as(roles.url("owner"), statements_of(roles.localize(strict[0])))
     try:
         figures.record(**run_worker_as(roles, engine, "worker"))
+        ticks = run_ticks_as(roles, engine, "worker")
+        figures.record(ticks_run=ticks["ticks_run"], ticks_enqueued=ticks["ticks_enqueued"])
         worker = roles.engine("worker")
         table = f"{roles.schema}.sqla_jobs_job"
         refused(execute_as(worker, f"UPDATE {table} SET payload = '{{}}'"))
@@ -487,12 +529,31 @@ def test_reader_runs_sqla_jobs_stats_but_cannot_write(
     roles_line = next(line for line in done.stdout.splitlines() if line.startswith("roles "))
     assert roles_line.split()[1] == "4"
     assert "table sqla_jobs_job:" in done.stdout
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"INSERT INTO {roles.schema}.sqla_jobs_worker "
+                "(name, host, pid, queues, concurrency, expires_at) "
+                "VALUES ('reader-sees-me', 'h', 1, '{roles}', 2, now() + interval '1 minute')"
+            )
+        )
+    listed = subprocess.run(
+        [sys.executable, "-m", "sqla_jobs.cli", "workers", "--schema", roles.schema, "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert '"name": "reader-sees-me"' in listed.stdout
 
     reader = roles.engine("reader")
     messages = [
         refused(execute_as(reader, f"INSERT INTO {table} (kind, payload) VALUES ('x', '{{}}')")),
         refused(execute_as(reader, f"UPDATE {table} SET state = 'dead'")),
         refused(execute_as(reader, f"DELETE FROM {table}")),
+        refused(execute_as(reader, f"DELETE FROM {roles.schema}.sqla_jobs_worker")),
     ]
 
     def enqueue() -> None:
@@ -551,7 +612,10 @@ def dead_and_pending(engine: Engine, app: App, schema: str) -> tuple[int, int]:
     table = f"{schema}.sqla_jobs_job"
     with engine.begin() as conn:
         conn.execute(
-            text(f"TRUNCATE {table}, {schema}.sqla_jobs_history, {schema}.sqla_jobs_queue")
+            text(
+                f"TRUNCATE {table}, {schema}.sqla_jobs_history, {schema}.sqla_jobs_queue, "
+                f"{schema}.sqla_jobs_schedule"
+            )
         )
     with Session(engine) as session:
         dead = app.jobs.enqueue(session, Greet(n=1)).id
@@ -625,7 +689,10 @@ def test_operator_retries_cancels_and_pauses_but_cannot_enqueue(
         refused(enqueue),
         refused(execute_as(operator, f"ALTER TABLE {table} ADD COLUMN extra int")),
         refused(execute_as(operator, f"TRUNCATE {table}")),
+        refused(execute_as(operator, f"DELETE FROM {roles.schema}.sqla_jobs_worker")),
     ]
+    # The live workers: read, never written.
+    assert count(operator, f"SELECT count(*) FROM {roles.schema}.sqla_jobs_worker") >= 0
     # Prune: finished jobs and history rows, by DELETE.
     execute_as(operator, f"DELETE FROM {table} WHERE state = 'cancelled'")()
     execute_as(operator, f"DELETE FROM {roles.schema}.sqla_jobs_history")()
@@ -674,12 +741,12 @@ def test_enqueuer_cannot_cancel_retry_or_pause_and_the_refusal_aborts_its_transa
 def test_reader_reads_jobs_and_queues_but_cannot_retry_or_cancel(
     roles: Roles, engine: Engine, figures: Figures
 ) -> None:
-    """The reader (a read-only dashboard) reads the jobs, the history and the paused queues, and
-    is refused retry and cancel."""
+    """The reader (a read-only dashboard) reads the jobs, the history, the paused queues and the
+    schedules, and is refused retry and cancel."""
     app = make_app(roles.schema)
     dead, pending = dead_and_pending(engine, app, roles.schema)
     reader = roles.engine("reader")
-    for table in ("sqla_jobs_job", "sqla_jobs_history", "sqla_jobs_queue"):
+    for table in ("sqla_jobs_job", "sqla_jobs_history", "sqla_jobs_queue", "sqla_jobs_schedule"):
         assert count(reader, f"SELECT count(*) FROM {roles.schema}.{table}") is not None
 
     def retry() -> None:
@@ -723,3 +790,717 @@ def test_worker_role_skips_a_queue_the_operator_paused_until_it_is_resumed(
         wait_for(lambda: worker.counts["failed"] == 1, "the job runs (its first attempt fails)")
     operator.dispose()
     figures.record(failed=worker.counts["failed"])
+
+
+# -- periodic schedules and unique jobs ---------------------------------------------------------
+
+#: The schedule of :func:`make_ticking_app`, named after its kind.
+TICK = "roles_tick"
+
+
+class Tick(BaseModel):
+    """A tick's payload: nothing, as for most periodic jobs."""
+
+
+def make_ticking_app(schema: str) -> App:
+    """:func:`make_app` with a schedule: a ``roles_tick`` job every second, whose runs are
+    recorded in ``done``."""
+    app = make_app(schema)
+
+    @app.jobs.periodic(every=timedelta(seconds=1))
+    @app.jobs.kind(TICK, Tick, queue="roles")
+    def tick(args: Tick, ctx: JobContext) -> None:
+        with app.lock:
+            app.done.append(ctx.job_id)
+
+    return app
+
+
+def empty_tables(engine: Engine, schema: str) -> None:
+    """Empty the jobs, their history and the schedules: each scenario starts with no tick."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                f"TRUNCATE {schema}.sqla_jobs_job, {schema}.sqla_jobs_history, "
+                f"{schema}.sqla_jobs_schedule"
+            )
+        )
+
+
+def schedule_row(engine: Engine, schema: str, name: str = TICK) -> Any:
+    """The schedule's row in ``sqla_jobs_schedule``, or None."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text(f"SELECT * FROM {schema}.sqla_jobs_schedule WHERE name = :name"), {"name": name}
+        ).one_or_none()
+
+
+def tick_jobs(engine: Engine, schema: str) -> int:
+    """How many jobs in the table a scheduler (or a run now) enqueued for :data:`TICK`."""
+    return int(
+        count(
+            engine,
+            f"SELECT count(*) FROM {schema}.sqla_jobs_job WHERE meta->>'schedule' = '{TICK}'",
+        )
+    )
+
+
+def run_ticks_as(roles: Roles, engine: Engine, role: str) -> dict[str, Any]:
+    """Run a Worker as ``role`` for an application with a one-second schedule until two ticks
+    have run and more wait in the table; return figures."""
+    app = make_ticking_app(roles.schema)
+    empty_tables(engine, roles.schema)
+    worker = Worker(app.jobs, roles.url(role), poll_interval=0.1)
+    with edge_app.running(worker) as crashes:
+        wait_running(crashes, lambda: len(app.done) >= 2, "two ticks run")
+        # Ticks are enqueued ahead of their time (run_at = the tick): the next ones are pending,
+        # tagged with the schedule in their meta.
+        ahead = wait_running(crashes, lambda: tick_jobs(engine, roles.schema), "a tick ahead")
+    row = schedule_row(engine, roles.schema)
+    assert row is not None
+    assert (row.kind, row.paused_at) == (TICK, None)
+    assert row.last_tick_at is not None
+    assert row.last_job_id is not None
+    assert worker.scheduler is not None
+    return {
+        "role": role,
+        "ticks_run": len(app.done),
+        "ticks_enqueued": worker.scheduler.enqueued,
+        "ticks_ahead": ahead,
+    }
+
+
+@injects("non-superuser roles with the grants of docs/roles.md; a schedule every second")
+def test_worker_role_enqueues_and_runs_the_ticks_of_a_schedule(
+    roles: Roles, engine: Engine, figures: Figures
+) -> None:
+    """A Worker connected as the worker role, for an application that declares a schedule,
+    starts its scheduler, which registers the schedule, advances its last tick and enqueues the
+    ticks (SELECT, INSERT, UPDATE on sqla_jobs_schedule, INSERT on sqla_jobs_job); the worker
+    runs them."""
+    figures.record(**run_ticks_as(roles, engine, "worker"))
+
+
+def start_refused(worker: Worker) -> ConfigurationError:
+    """Run ``worker``, which must refuse to start with a ConfigurationError; return it."""
+    raised: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            worker.run_sync(install_signal_handlers=False)
+        except BaseException as exc:  # handed to the test's thread below
+            raised.append(exc)
+
+    # On a thread, not under pytest.raises: a worker that wrongly starts would run forever.
+    thread = threading.Thread(target=main, daemon=True)
+    thread.start()
+    wait_for(lambda: raised or worker.started.is_set(), "the worker refuses to start, or starts")
+    if not raised:
+        worker.stop()
+        thread.join(edge_app.DEADLINE)
+        pytest.fail("the worker started: it did not see that its role may not run the schedules")
+    thread.join(edge_app.DEADLINE)
+    # The worker leaves its scheduler's pool open when the check refuses it: close it here, or
+    # its connection is garbage-collected open (a ResourceWarning, an error in this suite).
+    if worker.scheduler is not None:
+        worker.scheduler.engine.dispose()
+    assert isinstance(raised[0], ConfigurationError), repr(raised[0])
+    return raised[0]
+
+
+#: Page-style statements (localized like the page's blocks) that take from the worker what the
+#: scheduler needs, as the page granted it before schedules existed (or as a partial grant).
+MISSING_SCHEDULE_GRANTS = {
+    "every-schedule-grant": [
+        "REVOKE INSERT ON jobs.sqla_jobs_job FROM jobs_worker",
+        "REVOKE ALL ON jobs.sqla_jobs_schedule FROM jobs_worker",
+    ],
+    "insert-on-jobs": ["REVOKE INSERT ON jobs.sqla_jobs_job FROM jobs_worker"],
+    "write-on-schedules": ["REVOKE INSERT, UPDATE ON jobs.sqla_jobs_schedule FROM jobs_worker"],
+}
+
+
+@injects("the worker role without the grants of the scheduler (the page's earlier grants)")
+@pytest.mark.parametrize(
+    "missing",
+    [
+        "every-schedule-grant",
+        "insert-on-jobs",
+        "write-on-schedules",
+    ],
+)
+def test_worker_role_without_the_schedule_grants_refuses_to_start_unless_told_not_to_schedule(
+    roles: Roles, engine: Engine, doc_sql: dict[str, str], figures: Figures, missing: str
+) -> None:
+    """A worker role lacking the scheduler's grants, for an application that declares a
+    schedule: the Worker stops with a ConfigurationError naming the grants and --no-schedules
+    before it claims or writes anything; with schedules=False it runs the jobs and no scheduler."""
+    app = make_ticking_app(roles.schema)
+    empty_tables(engine, roles.schema)
+    with Session(engine) as session:
+        job_id = app.jobs.enqueue(session, Greet(n=1)).id
+        session.commit()
+    run_as(roles.url("owner"), [roles.localize(s) for s in MISSING_SCHEDULE_GRANTS[missing]])
+    try:
+        error = start_refused(Worker(app.jobs, roles.url("worker"), poll_interval=0.1))
+        assert "--no-schedules" in str(error)
+        assert "sqla_jobs_schedule" in str(error)
+        assert states_of(engine, roles.schema, [job_id]) == ["pending"]
+        assert count(engine, f"SELECT attempts FROM {roles.schema}.sqla_jobs_job") == 0
+        assert schedule_row(engine, roles.schema) is None
+
+        worker = Worker(app.jobs, roles.url("worker"), poll_interval=0.1, schedules=False)
+        with edge_app.running(worker) as crashes:
+            wait_running(crashes, lambda: job_id in app.done, "the job runs")
+        assert worker.scheduler is None
+        assert schedule_row(engine, roles.schema) is None
+        assert tick_jobs(engine, roles.schema) == 0
+    finally:
+        run_as(roles.url("owner"), statements_of(roles.localize(doc_sql[OWNER_BLOCK])))
+    figures.record(missing=missing, refused=str(error).split(":")[0])
+
+
+@injects("non-superuser roles with the grants of docs/roles.md; a schedule declared")
+def test_operator_pauses_and_resumes_a_schedule_and_the_reader_cannot(
+    roles: Roles, engine: Engine, figures: Figures
+) -> None:
+    """The operator pauses and resumes a schedule (an upsert into sqla_jobs_schedule); the
+    reader lists the schedules but is refused pause and resume. Running a schedule now is an
+    enqueue: refused to both, allowed to the operator once granted the enqueuer's role, as
+    docs/roles.md says."""
+    app = make_ticking_app(roles.schema)
+    empty_tables(engine, roles.schema)
+    operator = roles.engine("operator")
+    reader = roles.engine("reader")
+    with Session(operator) as session, session.begin():
+        paused_at = app.jobs.pause_schedule(session, TICK)
+    row = schedule_row(engine, roles.schema)
+    assert row is not None
+    assert row.paused_at == paused_at
+
+    with Session(reader) as session:
+        [info] = app.jobs.list_schedules(session)
+    assert (info.name, info.paused_at, info.next_tick_at) == (TICK, paused_at, None)
+
+    def as_reader(action: Callable[[Session], Any]) -> Callable[[], None]:
+        def run() -> None:
+            with Session(reader) as session, session.begin():
+                action(session)
+
+        return run
+
+    def run_now_as_operator() -> int:
+        with Session(operator) as session, session.begin():
+            return app.jobs.run_schedule(session, TICK).id
+
+    messages = [
+        refused(as_reader(lambda session: app.jobs.resume_schedule(session, TICK))),
+        refused(as_reader(lambda session: app.jobs.pause_schedule(session, TICK))),
+        refused(as_reader(lambda session: app.jobs.run_schedule(session, TICK))),
+        refused(run_now_as_operator),
+    ]
+    assert all("sqla_jobs_schedule" in m or "sqla_jobs_job" in m for m in messages)
+    still = schedule_row(engine, roles.schema)
+    assert still is not None
+    assert still.paused_at == paused_at
+
+    with Session(operator) as session, session.begin():
+        app.jobs.resume_schedule(session, TICK)
+        [info] = app.jobs.list_schedules(session)
+    assert info.paused_at is None
+    assert info.next_tick_at is not None
+    resumed = schedule_row(engine, roles.schema)
+    assert resumed is not None
+    assert resumed.paused_at is None
+
+    operator_role, enqueuer_role = roles.name("operator"), roles.name("enqueuer")
+    with engine.begin() as conn:
+        conn.execute(text(f"GRANT {enqueuer_role} TO {operator_role}"))
+    try:
+        job_id = run_now_as_operator()
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"REVOKE {enqueuer_role} FROM {operator_role}"))
+    with engine.connect() as conn:
+        meta = conn.execute(
+            text(f"SELECT meta FROM {roles.schema}.sqla_jobs_job WHERE id = :id"), {"id": job_id}
+        ).scalar_one()
+    assert (meta["schedule"], meta["manual"]) == (TICK, True)
+    operator.dispose()
+    reader.dispose()
+    figures.record(refused=len(messages))
+
+
+class Refresh(BaseModel):
+    order_id: int
+    note: str
+
+
+def make_unique_app(schema: str) -> App:
+    """:func:`make_app` with a unique kind: one ``roles_refresh`` job per order at a time."""
+    app = make_app(schema)
+    app.jobs.register("roles_refresh", Refresh, queue="roles", unique=Unique(by=("order_id",)))
+    return app
+
+
+@injects("non-superuser roles with the grants of docs/roles.md; a unique kind")
+def test_enqueuer_replaces_a_pending_unique_job(
+    roles: Roles, engine: Engine, doc_sql: dict[str, str], figures: Figures
+) -> None:
+    """The enqueuer enqueues a unique kind twice with on_conflict="replace": the second call
+    replaces the pending job's payload, priority and meta (UPDATE on those columns, granted by
+    the page). Without that column grant, replace is refused even for a new key, and "skip" and
+    "raise" still work."""
+    app = make_unique_app(roles.schema)
+    table = f"{roles.schema}.sqla_jobs_job"
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {table}"))
+    enqueuer = roles.engine("enqueuer")
+
+    def enqueue(
+        note: str, on_conflict: OnConflict, order_id: int = 1
+    ) -> tuple[int, bool | None, bool]:
+        with Session(enqueuer) as session:
+            job = app.jobs.enqueue(
+                session,
+                Refresh(order_id=order_id, note=note),
+                delay=3600,
+                priority=len(note),
+                meta={"note": note},
+                on_conflict=on_conflict,
+            )
+            # Read before the commit expires it: a reload would not be schema-translated.
+            outcome = job.id, job.inserted, job.replaced
+            session.commit()
+            return outcome
+
+    def stored() -> list[tuple[str, int, str]]:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(f"SELECT payload->>'note', priority, meta->>'note' FROM {table} ORDER BY id")
+            )
+            return [tuple(r) for r in rows]
+
+    first_id, inserted, _ = enqueue("first", "replace")
+    assert inserted is True
+    second = enqueue("second version", "replace")
+    assert second == (first_id, False, True)
+    assert stored() == [("second version", len("second version"), "second version")]
+
+    revoke = (
+        "REVOKE UPDATE (payload, priority, run_at, meta) ON jobs.sqla_jobs_job FROM jobs_enqueuer"
+    )
+    run_as(roles.url("owner"), [roles.localize(revoke)])
+    try:
+        # PostgreSQL checks the DO UPDATE's columns when it plans the statement: a key nobody
+        # holds is refused too.
+        message = refused(lambda: enqueue("third", "replace", order_id=2))
+        assert enqueue("third", "skip") == (first_id, False, False)
+        with pytest.raises(DuplicateJobError):
+            enqueue("third", "raise")
+    finally:
+        run_as(roles.url("owner"), statements_of(roles.localize(doc_sql[OWNER_BLOCK])))
+    assert stored() == [("second version", len("second version"), "second version")]
+    enqueuer.dispose()
+    figures.record(replaced=second[0], refused=message)
+
+
+# -- handlers that take a Session ----------------------------------------------------------------
+
+#: The first lines of the page's blocks for the role of handlers' Sessions.
+HANDLER_BLOCK = "-- handler sessions: as jobs_owner"
+HISTORY_BLOCK = "-- handler sessions, workers with --keep-history"
+FOREIGN_KEY_BLOCK = "-- handler sessions, a table of yours with a foreign key"
+
+
+def block(doc_sql: dict[str, str], first: str) -> str:
+    """The one block of the page whose first line starts with ``first``."""
+    found = [b for line, b in doc_sql.items() if line.startswith(first)]
+    assert len(found) == 1, f"docs/roles.md has one block starting {first!r}"
+    return found[0]
+
+
+@dataclass
+class AppUser:
+    """The application's own role (the page's ``app_user``) and its tables: a counter per job
+    (and the role that last wrote it), and notes pointing at jobs (created when a test needs a
+    foreign key to the job table)."""
+
+    name: str
+    url: str
+    counter: str
+    note: str
+
+
+@pytest.fixture(scope="module")
+def app_user(roles: Roles, engine: Engine) -> Iterator[AppUser]:
+    """The application's role, with its counter table and none of the page's grants on the job
+    tables; dropped afterwards."""
+    user = AppUser(
+        name=roles.app_user,
+        url=roles.url_of(roles.app_user),
+        counter=f"roles_counter_{roles.suffix}",
+        note=f"roles_note_{roles.suffix}",
+    )
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE ROLE {user.name} LOGIN PASSWORD '{roles.password}'"))
+        conn.execute(
+            text(
+                f"CREATE TABLE {user.counter} "
+                "(id int PRIMARY KEY, n int NOT NULL DEFAULT 0, written_by text)"
+            )
+        )
+        conn.execute(text(f"GRANT SELECT, UPDATE ON {user.counter} TO {user.name}"))
+    try:
+        yield user
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {user.note}, {user.counter}"))
+            conn.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = :u"),
+                {"u": user.name},
+            )
+            conn.execute(text(f"DROP OWNED BY {user.name}"))
+            conn.execute(text(f"DROP ROLE {user.name}"))
+
+
+class Count(BaseModel):
+    counter: int
+    #: Also write a note pointing at the job (a foreign key to the job table).
+    note: bool = False
+
+
+class CountAsync(Count):
+    pass
+
+
+def make_session_app(schema: str, user: AppUser) -> Jobs:
+    """Kinds whose handlers take a Session (sync and async): each adds one to its counter as the
+    Session's role, and may write a note pointing at its own job."""
+    jobs = Jobs(schema=schema)
+    bump = f"UPDATE {user.counter} SET n = n + 1, written_by = current_user WHERE id = :id"
+    note = f"INSERT INTO {user.note} (job_id) VALUES (:id)"
+
+    @jobs.kind("roles_count", Count, queue="roles", max_attempts=3)
+    def count_sync(args: Count, ctx: JobContext, session: Session) -> None:
+        session.execute(text(bump), {"id": args.counter})
+        if args.note:
+            session.execute(text(note), {"id": ctx.job_id})
+
+    @jobs.kind("roles_count_async", CountAsync, queue="roles", max_attempts=3)
+    async def count_async(args: CountAsync, ctx: JobContext, session: AsyncSession) -> None:
+        await session.execute(text(bump), {"id": args.counter})
+        if args.note:
+            await session.execute(text(note), {"id": ctx.job_id})
+
+    return jobs
+
+
+def grant_handler_blocks(roles: Roles, doc_sql: dict[str, str], *firsts: str) -> None:
+    for first in firsts:
+        run_as(roles.url("owner"), statements_of(roles.localize(block(doc_sql, first))))
+
+
+def revoke_handler_grants(roles: Roles, user: AppUser) -> None:
+    """Take from the application's role every privilege on the job tables and their schema
+    (revoking a table's privileges revokes its columns' too)."""
+    run_as(
+        roles.url("owner"),
+        [
+            f"REVOKE ALL ON ALL TABLES IN SCHEMA {roles.schema} FROM {user.name}",
+            f"REVOKE USAGE ON SCHEMA {roles.schema} FROM {user.name}",
+        ],
+    )
+
+
+def start_counting(engine: Engine, roles: Roles, user: AppUser, payload: Count) -> int:
+    """Counter ``payload.counter`` at zero, the job tables empty; enqueue ``payload``."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(f"TRUNCATE {roles.schema}.sqla_jobs_job, {roles.schema}.sqla_jobs_history")
+        )
+        conn.execute(text(f"DELETE FROM {user.counter}"))
+        conn.execute(text(f"INSERT INTO {user.counter} (id) VALUES (:id)"), {"id": payload.counter})
+    with Session(engine) as session, session.begin():
+        return make_session_app(roles.schema, user).enqueue(session, payload).id
+
+
+def counter_row(engine: Engine, user: AppUser, counter: int) -> tuple[int, str | None]:
+    with engine.connect() as conn:
+        n, by = conn.execute(
+            text(f"SELECT n, written_by FROM {user.counter} WHERE id = :id"), {"id": counter}
+        ).one()
+    return int(n), by
+
+
+def job_row(engine: Engine, schema: str, job_id: int) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            text(f"SELECT state, attempts, last_error FROM {schema}.sqla_jobs_job WHERE id = :id"),
+            {"id": job_id},
+        ).one_or_none()
+
+
+@contextlib.contextmanager
+def app_session_worker(
+    roles: Roles, user: AppUser, flavour: str, *, keep_history: bool
+) -> Iterator[tuple[Worker, list[BaseException]]]:
+    """A Worker connected as the worker role whose handlers' Sessions come from a sessionmaker
+    (``flavour`` "sync") or an async_sessionmaker ("async") on the application's role."""
+    jobs = make_session_app(roles.schema, user)
+    maker: sessionmaker[Session] | async_sessionmaker[AsyncSession]
+    if flavour == "sync":
+        sync_engine = create_engine(user.url, poolclass=NullPool)
+        maker = sessionmaker(sync_engine)
+    else:
+        async_engine = create_async_engine(user.url, poolclass=NullPool)
+        maker = async_sessionmaker(async_engine)
+    worker = Worker(
+        jobs, roles.url("worker"), poll_interval=0.1, keep_history=keep_history, sessionmaker=maker
+    )
+    try:
+        with edge_app.running(worker) as crashes:
+            yield worker, crashes
+    finally:
+        if flavour == "sync":
+            sync_engine.dispose()
+        else:
+            asyncio.run(async_engine.dispose())
+
+
+def payload_of(flavour: str, **fields: Any) -> Count:
+    return (Count if flavour == "sync" else CountAsync)(counter=1, **fields)
+
+
+@injects("a handler's Session on the application's role, with the page's grants for it")
+@pytest.mark.parametrize(("flavour", "keep_history"), [("sync", True), ("async", False)])
+def test_handler_session_on_the_application_role_completes_its_job_with_the_page_s_grants(
+    roles: Roles,
+    engine: Engine,
+    doc_sql: dict[str, str],
+    app_user: AppUser,
+    figures: Figures,
+    flavour: str,
+    keep_history: bool,
+) -> None:
+    """A Worker connected as the worker role, whose handlers' Sessions come from the
+    application's sessionmaker on the application's role, granted the page's block for handler
+    sessions (and the history's, with keep_history) and nothing more on the job tables: the
+    handler writes as the application's role, and its write and its job's completion (the copy
+    into history) commit in one transaction."""
+    job_id = start_counting(engine, roles, app_user, payload_of(flavour))
+    revoke_handler_grants(roles, app_user)
+    blocks = (HANDLER_BLOCK, HISTORY_BLOCK) if keep_history else (HANDLER_BLOCK,)
+    grant_handler_blocks(roles, doc_sql, *blocks)
+    try:
+        with app_session_worker(roles, app_user, flavour, keep_history=keep_history) as (
+            worker,
+            crashes,
+        ):
+            wait_running(crashes, lambda: worker.counts["done"] == 1, "the job done")
+    finally:
+        revoke_handler_grants(roles, app_user)
+    assert counter_row(engine, app_user, 1) == (1, app_user.name)
+    assert job_row(engine, roles.schema, job_id) is None
+    if keep_history:
+        with engine.connect() as conn:
+            # One transaction: the counter's new row version and the history row were written by
+            # the same transaction id.
+            same = conn.execute(
+                text(
+                    f"SELECT (SELECT xmin::text FROM {app_user.counter} WHERE id = 1) = "
+                    f"(SELECT xmin::text FROM {roles.schema}.sqla_jobs_history WHERE id = :id)"
+                ),
+                {"id": job_id},
+            ).scalar_one()
+        assert same is True
+    figures.record(flavour=flavour, keep_history=keep_history, done=worker.counts["done"])
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A grant of the page taken away: the page's blocks granted first, the page-style statements
+    (localized like its blocks) that take it back, what the refusal names, and the setup."""
+
+    blocks: tuple[str, ...]
+    revoke: tuple[str, ...]
+    names: str
+    keep_history: bool = False
+    foreign_key: bool = False
+
+
+#: Grants the worker checks for before it starts: without one, it refuses to start.
+REFUSED_HANDLER_GRANTS = {
+    "delete-on-jobs": Missing(
+        (HANDLER_BLOCK,), ("REVOKE DELETE ON jobs.sqla_jobs_job FROM app_user",), "sqla_jobs_job"
+    ),
+    "select-on-jobs": Missing(
+        (HANDLER_BLOCK,), ("REVOKE SELECT ON jobs.sqla_jobs_job FROM app_user",), "sqla_jobs_job"
+    ),
+    "usage-on-the-schema": Missing(
+        (HANDLER_BLOCK,), ("REVOKE USAGE ON SCHEMA jobs FROM app_user",), "schema jobs"
+    ),
+    "insert-on-history": Missing(
+        (HANDLER_BLOCK, HISTORY_BLOCK),
+        ("REVOKE INSERT ON jobs.sqla_jobs_history FROM app_user",),
+        "sqla_jobs_history",
+        keep_history=True,
+    ),
+}
+
+#: Grants only a completion finds missing: the attempt fails and its retry completes.
+MISSING_HANDLER_GRANTS = {
+    "select-on-history": Missing(
+        (HANDLER_BLOCK, HISTORY_BLOCK),
+        ("REVOKE SELECT (id) ON jobs.sqla_jobs_history FROM app_user",),
+        "sqla_jobs_history",
+        keep_history=True,
+    ),
+    "update-for-a-foreign-key": Missing(
+        (HANDLER_BLOCK, FOREIGN_KEY_BLOCK),
+        ("REVOKE UPDATE ON jobs.sqla_jobs_job FROM app_user",),
+        "sqla_jobs_job",
+        foreign_key=True,
+    ),
+}
+
+
+@injects("a handler's Session on the application's role lacking a grant the worker checks")
+@pytest.mark.parametrize("missing", list(REFUSED_HANDLER_GRANTS))
+def test_handler_session_without_a_checked_grant_refuses_to_start(
+    roles: Roles,
+    engine: Engine,
+    doc_sql: dict[str, str],
+    app_user: AppUser,
+    figures: Figures,
+    missing: str,
+) -> None:
+    """The application's role lacking USAGE on the schema, SELECT or DELETE on the job table,
+    or (with history) INSERT on the history table: the worker refuses to start, naming the
+    grants and docs/roles.md, before it claims anything; the job waits, untouched."""
+    case = REFUSED_HANDLER_GRANTS[missing]
+    job_id = start_counting(engine, roles, app_user, Count(counter=1))
+    revoke_handler_grants(roles, app_user)
+    jobs = make_session_app(roles.schema, app_user)
+    sync_engine = create_engine(app_user.url, poolclass=NullPool)
+    try:
+        grant_handler_blocks(roles, doc_sql, *case.blocks)
+        run_as(roles.url("owner"), [roles.localize(s) for s in case.revoke])
+        worker = Worker(
+            jobs,
+            roles.url("worker"),
+            poll_interval=0.1,
+            keep_history=case.keep_history,
+            sessionmaker=sessionmaker(sync_engine),
+        )
+        error = str(start_refused(worker))
+        assert "docs/roles.md" in error
+        assert "DELETE on sqla_jobs_job" in error
+        assert job_row(engine, roles.schema, job_id)[:2] == ("pending", 0)
+        assert counter_row(engine, app_user, 1) == (0, None)
+    finally:
+        sync_engine.dispose()
+        revoke_handler_grants(roles, app_user)
+    figures.record(missing=missing, refused=error.split(":")[0][:160])
+
+
+@injects("a handler's Session on the application's role, one grant of the page taken away")
+@pytest.mark.parametrize("missing", list(MISSING_HANDLER_GRANTS))
+def test_handler_session_without_a_grant_of_the_page_fails_the_attempt_and_retries_the_job(
+    roles: Roles,
+    engine: Engine,
+    doc_sql: dict[str, str],
+    app_user: AppUser,
+    figures: Figures,
+    caplog: pytest.LogCaptureFixture,
+    missing: str,
+) -> None:
+    """The application's role lacking a grant the start cannot check (a column's SELECT on the
+    history table, the UPDATE that keeps a job a foreign key holds): the completion is refused
+    inside the handler's transaction, so the handler's write
+    rolls back with it; the attempt fails with the refusal, naming the table, in last_error and
+    the worker's log, and the job waits for its retry, which completes it (kept ``completed``
+    where a foreign key of the application's points at it) once the grant is back."""
+    case = MISSING_HANDLER_GRANTS[missing]
+    schema = roles.schema
+    job_id = start_counting(engine, roles, app_user, Count(counter=1, note=case.foreign_key))
+    revoke_handler_grants(roles, app_user)
+    if case.foreign_key:
+        with engine.begin() as conn:
+            # A NO ACTION key to the job, present before the worker starts (it looks for them
+            # once): its completion's DELETE then runs in a savepoint, and refused, the job is
+            # kept completed by an UPDATE.
+            conn.execute(
+                text(
+                    f"CREATE TABLE {app_user.note} "
+                    f"(job_id bigint NOT NULL REFERENCES {schema}.sqla_jobs_job (id))"
+                )
+            )
+            conn.execute(text(f"GRANT INSERT ON {app_user.note} TO {app_user.name}"))
+    try:
+        grant_handler_blocks(roles, doc_sql, *case.blocks)
+        run_as(roles.url("owner"), [roles.localize(s) for s in case.revoke])
+        with (
+            caplog.at_level(logging.WARNING, "sqla_jobs"),
+            app_session_worker(roles, app_user, "sync", keep_history=case.keep_history) as (
+                worker,
+                crashes,
+            ),
+        ):
+            wait_running(crashes, lambda: worker.counts["failed"] == 1, "the attempt failed")
+            state, attempts, error = job_row(engine, schema, job_id)
+            assert (state, attempts) == ("pending", 1)
+            assert "permission denied" in error
+            assert roles.localize(case.names) in error
+            assert f"permission denied for {'schema' if 'schema' in case.names else 'table'}" in (
+                caplog.text
+            )
+            assert counter_row(engine, app_user, 1) == (0, None), "the write was not rolled back"
+            grant_handler_blocks(roles, doc_sql, *case.blocks)
+            with engine.begin() as conn:
+                conn.execute(
+                    text(f"UPDATE {schema}.sqla_jobs_job SET run_at = now() WHERE id = :id"),
+                    {"id": job_id},
+                )
+            wait_running(crashes, lambda: worker.counts["done"] == 1, "the retry done")
+        assert counter_row(engine, app_user, 1) == (1, app_user.name)
+        kept = job_row(engine, schema, job_id)
+        if case.foreign_key:
+            assert kept[:2] == ("completed", 2)
+        else:
+            assert kept is None
+        if case.keep_history:
+            history = count(
+                engine, f"SELECT attempts FROM {schema}.sqla_jobs_history WHERE id = {job_id}"
+            )
+            assert history == 2
+    finally:
+        revoke_handler_grants(roles, app_user)
+        with engine.begin() as conn:
+            conn.execute(text(f"DROP TABLE IF EXISTS {app_user.note}"))
+    figures.record(missing=missing, refused=error.split("\n")[0][:160])
+
+
+@injects("a handler's Session with no sessionmaker: on the worker's URL, as the worker role")
+def test_handler_session_without_a_sessionmaker_is_the_worker_role(
+    roles: Roles, engine: Engine, app_user: AppUser, figures: Figures
+) -> None:
+    """Without a sessionmaker the handler's Session is made on the worker's URL: it writes as
+    the worker role, which needs the application's table and nothing more than its own grants."""
+    job_id = start_counting(engine, roles, app_user, Count(counter=1))
+    revoke_handler_grants(roles, app_user)
+    worker_role = roles.name("worker")
+    with engine.begin() as conn:
+        conn.execute(text(f"GRANT SELECT, UPDATE ON {app_user.counter} TO {worker_role}"))
+    try:
+        worker = Worker(
+            make_session_app(roles.schema, app_user), roles.url("worker"), poll_interval=0.1
+        )
+        with edge_app.running(worker) as crashes:
+            wait_running(crashes, lambda: worker.counts["done"] == 1, "the job done")
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"REVOKE ALL ON {app_user.counter} FROM {worker_role}"))
+    assert counter_row(engine, app_user, 1) == (1, worker_role)
+    assert job_row(engine, roles.schema, job_id) is None
+    figures.record(done=worker.counts["done"])

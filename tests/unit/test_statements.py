@@ -206,3 +206,18 @@ def test_prune_selects_rows_skip_locked_oldest_first_and_deletes_by_primary_key(
 def test_the_pruner_lock_is_two_key_in_the_package_namespace_and_never_waits() -> None:
     sql = str(compile_pg(statements.try_lock_pruner()))
     assert f"pg_try_advisory_lock({statements.ADVISORY_NAMESPACE}, hashtext(" in sql
+
+
+def test_the_sampler_lock_is_two_key_in_the_package_namespace_apart_from_the_pruners() -> None:
+    sql = str(compile_pg(statements.try_lock_sampler()))
+    assert f"pg_try_advisory_lock({statements.ADVISORY_NAMESPACE}, hashtext(" in sql
+    assert f"'{statements.SAMPLE_LOCK_NAME}:'" in sql
+    assert statements.SAMPLE_LOCK_NAME != statements.PRUNE_LOCK_NAME
+
+
+def test_the_queue_sample_is_a_read_that_counts_only_due_pending_jobs() -> None:
+    sql = str(compile_pg(statements.sample_queues()))
+    assert sql.startswith("WITH RECURSIVE heads")
+    assert "FOR UPDATE" not in sql
+    # Under each (queue, priority) of the claim index, only the entries already due are read.
+    assert "sqla_jobs_job.priority = heads.priority AND sqla_jobs_job.run_at <= now()" in sql

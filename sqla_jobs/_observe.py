@@ -1,0 +1,28 @@
+"""What a worker tells an observer of its runs (the metrics, when they are on): a narrow,
+synchronous interface, called on the worker's event loop (``started``, ``ended``) and on its reaper
+thread (``reaped``). Without an observer each call site costs one ``is None`` test.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ._outcome import Outcome
+    from .context import ClaimedJob
+
+
+class Observer(Protocol):
+    """Hears each run of a job: when its handler starts, how it ended, and each job the reaper
+    rescued from a worker that stopped heartbeating. Each call must be quick and must not raise."""
+
+    def started(self, job: ClaimedJob, now: float) -> None:
+        """``job``'s handler starts now (``now``: ``time.monotonic()``)."""
+
+    def ended(self, outcome: Outcome, ran: bool) -> None:
+        """A run ended with ``outcome`` (before it is written); ``ran`` is False for a job
+        cancelled before it started."""
+
+    def reaped(self, kind: str, queue: str) -> None:
+        """This worker's reaper put back (or made dead) a job of ``kind`` in ``queue`` whose lease
+        expired: a crash of the worker that held it."""

@@ -1,0 +1,1 @@
+SELECT has_table_privilege(%(job_table)s::VARCHAR, %(has_table_privilege_1)s::VARCHAR) AND has_table_privilege(%(job_table)s::VARCHAR, %(has_table_privilege_2)s::VARCHAR) AS complete, has_table_privilege(%(history_table)s::VARCHAR, %(has_table_privilege_3)s::VARCHAR) AS history

@@ -1,0 +1,2 @@
+SELECT k.i, sqla_jobs_job.id 
+FROM unnest(%(unique_keys)s::TEXT[], %(unique_periods)s::BIGINT[]) WITH ORDINALITY AS k(key, period, i) JOIN sqla_jobs_job ON sqla_jobs_job.unique_key = CASE WHEN (k.period IS NULL) THEN k.key ELSE k.key || '@' || CAST(CAST(floor(EXTRACT(epoch FROM coalesce(%(run_at)s::TIMESTAMP WITH TIME ZONE, now() + %(delay_us)s::BIGINT * interval '1 microsecond')) / CAST(k.period AS NUMERIC)) AS BIGINT) * k.period AS TEXT) END AND sqla_jobs_job.state = any(sqla_jobs_job.unique_states)

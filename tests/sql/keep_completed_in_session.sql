@@ -1,0 +1,1 @@
+UPDATE sqla_jobs_job SET state='completed', lease_token=NULL, lease_expires_at=NULL, locked_by=NULL, last_error=left(%(error)s::VARCHAR, %(left_1)s::INTEGER), finished_at=now() WHERE sqla_jobs_job.id = %(job_id)s::BIGINT AND sqla_jobs_job.lease_token = %(token)s::UUID RETURNING sqla_jobs_job.id

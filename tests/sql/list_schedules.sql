@@ -1,0 +1,2 @@
+SELECT sqla_jobs_schedule.name, sqla_jobs_schedule.kind, sqla_jobs_schedule.spec, sqla_jobs_schedule.last_tick_at, sqla_jobs_schedule.last_job_id, sqla_jobs_schedule.next_tick_at, sqla_jobs_schedule.paused_at, sqla_jobs_schedule.seen_at, sqla_jobs_job.state AS last_job_state 
+FROM sqla_jobs_schedule LEFT OUTER JOIN sqla_jobs_job ON sqla_jobs_job.id = sqla_jobs_schedule.last_job_id ORDER BY sqla_jobs_schedule.name

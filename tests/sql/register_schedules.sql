@@ -1,0 +1,1 @@
+INSERT INTO sqla_jobs_schedule (name, kind, spec) SELECT unnest(%(names)s::TEXT[]) AS name, unnest(%(kinds)s::TEXT[]) AS kind, unnest(%(specs)s::TEXT[]) AS spec ON CONFLICT (name) DO NOTHING RETURNING sqla_jobs_schedule.name

@@ -1,0 +1,1 @@
+INSERT INTO sqla_jobs_worker (name, host, pid, queues, concurrency, expires_at) VALUES (%(name)s::VARCHAR, %(host)s::VARCHAR, %(pid)s::INTEGER, %(queues)s::TEXT[], %(concurrency)s::INTEGER, (now() + %(ttl)s)) ON CONFLICT (name) DO UPDATE SET heartbeat_at = now(), expires_at = excluded.expires_at RETURNING sqla_jobs_worker.name

@@ -1,0 +1,1 @@
+SELECT has_table_privilege(%(job_table)s::VARCHAR, %(has_table_privilege_1)s::VARCHAR) AS enqueue, has_table_privilege(%(schedule_table)s::VARCHAR, %(has_table_privilege_2)s::VARCHAR) AND has_table_privilege(%(schedule_table)s::VARCHAR, %(has_table_privilege_3)s::VARCHAR) AND has_table_privilege(%(schedule_table)s::VARCHAR, %(has_table_privilege_4)s::VARCHAR) AS schedules
