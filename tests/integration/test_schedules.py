@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 from pydantic import BaseModel
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, make_url, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Jobs, ScheduleNotFoundError, Unique, Worker
@@ -368,6 +368,13 @@ def test_a_worker_idle_on_a_long_poll_starts_the_tick_at_its_time(
     assert len(ticks(fresh)) == fresh_count
 
 
+def as_role(url: str, name: str) -> str:
+    """``url`` logging in as the role ``name``: a TCP server's or a socket directory's alike."""
+    login = make_url(url).set(username=name, password=None)
+    assert login.username == name
+    return login.render_as_string(hide_password=False)
+
+
 def test_a_worker_refuses_to_start_without_the_right_to_write_schedules(
     fresh: Engine, migrated_url: str
 ) -> None:
@@ -378,7 +385,7 @@ def test_a_worker_refuses_to_start_without_the_right_to_write_schedules(
         conn.execute(text("DROP ROLE IF EXISTS sched_reader"))
         conn.execute(text("CREATE ROLE sched_reader LOGIN"))
         conn.execute(text("GRANT SELECT ON ALL TABLES IN SCHEMA public TO sched_reader"))
-    url = migrated_url.replace("postgres@", "sched_reader@", 1)
+    url = as_role(migrated_url, "sched_reader")
     try:
         from sqla_jobs import ConfigurationError
 
@@ -410,7 +417,7 @@ def test_a_grant_revoked_under_a_running_scheduler_is_reported_not_reconnected(
             text("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO sched_worker")
         )
         conn.execute(text("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO sched_worker"))
-    s = scheduler(jobs, migrated_url.replace("postgres@", "sched_worker@", 1))
+    s = scheduler(jobs, as_role(migrated_url, "sched_worker"))
     try:
         s.check()
         with fresh.begin() as conn:
