@@ -212,17 +212,29 @@ def render_job(job: Job, *, as_json: bool, payload: bool, traces: bool) -> str:
 
 
 def queue_overview(session: Session, jobs: Jobs) -> dict[str, dict[str, Any]]:
-    """Per queue: jobs by state, the oldest due job's age, and since when it is paused (None:
-    active); queues with no jobs that an operator paused or resumed are included."""
+    """Per queue: jobs by state, the oldest due job's age, since when it is paused (None:
+    active), and the live workers serving it (``workers``) with their handler slots (``slots``);
+    queues with no jobs that an operator paused or resumed, or that a live worker serves, are
+    included."""
     options = _options(jobs)
     rows = [
         (r.queue, r.state, int(r.jobs), r.oldest_due)
         for r in session.execute(statements.stats_by_queue(), execution_options=options)
     ]
     queues = by_state(rows)
+
+    def entry(queue: str) -> dict[str, Any]:
+        return queues.setdefault(queue, {s: 0 for s in STATES} | {"oldest_due": None})
+
     for r in session.execute(statements.list_queue_states(), execution_options=options):
-        entry = queues.setdefault(r.queue, {s: 0 for s in STATES} | {"oldest_due": None})
-        entry["paused_at"] = r.paused_at
+        entry(r.queue)["paused_at"] = r.paused_at
+    for w in session.execute(statements.list_workers(), execution_options=options):
+        if w.stale:
+            continue
+        for queue in w.queues:
+            served = entry(queue)
+            served["workers"] = served.get("workers", 0) + 1
+            served["slots"] = served.get("slots", 0) + int(w.concurrency)
     return dict(sorted(queues.items()))
 
 
@@ -235,6 +247,8 @@ def render_queues(queues: dict[str, dict[str, Any]], *, as_json: bool) -> str:
                 | {s: q[s] for s in STATES}
                 | {
                     "oldest_due_seconds": _seconds(q["oldest_due"]),
+                    "workers": q.get("workers", 0),
+                    "slots": q.get("slots", 0),
                     "paused": q.get("paused_at") is not None,
                     "paused_at": _time(q.get("paused_at")),
                 }
@@ -244,7 +258,9 @@ def render_queues(queues: dict[str, dict[str, Any]], *, as_json: bool) -> str:
     if not queues:
         return "(no queues)"
     header = (
-        f"{'queue':<20} " + " ".join(f"{s:>9}" for s in STATES) + f" {'oldest due':>11}  paused"
+        f"{'queue':<20} "
+        + " ".join(f"{s:>9}" for s in STATES)
+        + f" {'workers':>7} {'oldest due':>11}  paused"
     )
     lines = [header]
     for name, q in queues.items():
@@ -252,7 +268,7 @@ def render_queues(queues: dict[str, dict[str, Any]], *, as_json: bool) -> str:
         lines.append(
             f"{name:<20} "
             + " ".join(f"{q[s]:>9}" for s in STATES)
-            + f" {_age(q['oldest_due']):>11}  "
+            + f" {q.get('workers', 0):>7} {_age(q['oldest_due']):>11}  "
             + ("-" if paused is None else f"since {_clock(paused)}")
         )
     return "\n".join(lines)

@@ -90,6 +90,21 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    ids = job_ids(args.ids)
+    if ids and args.all_dead:
+        raise CLIError("give job ids or --all-dead, not both")
+    if not ids and not args.all_dead:
+        raise CLIError("give the ids of the jobs to delete, or --all-dead")
+    if ids and (args.kind or args.queue):
+        raise CLIError("--kind and --queue filter --all-dead; with ids, give only ids")
+    kind, queue = checked_name("kind", args.kind), checked_name("queue", args.queue)
+    with open_session(args) as (jobs, session), session.begin():
+        done = jobs.delete(session, ids or None, kind=kind, queue=queue)
+    print(said("deleted", done) + _capped(done) if done else "no dead jobs to delete")
+    return EXIT_OK
+
+
 def cmd_cancel(args: argparse.Namespace) -> int:
     ids = job_ids(args.ids)
     if ids and (args.queue or args.kind):
@@ -216,6 +231,12 @@ def register(sub: Any, epilog: str) -> None:
     rt.add_argument("--all-dead", action="store_true", help="every dead job (with the filters)")
     rt.add_argument("--kind", help="with --all-dead: only this kind")
     rt.add_argument("--queue", help="with --all-dead: only this queue")
+
+    dl = leaf(js, "delete", cmd_delete, "delete dead, cancelled or kept completed jobs for good")
+    dl.add_argument("ids", nargs="*", metavar="ID")
+    dl.add_argument("--all-dead", action="store_true", help="every dead job (with the filters)")
+    dl.add_argument("--kind", help="with --all-dead: only this kind")
+    dl.add_argument("--queue", help="with --all-dead: only this queue")
 
     cn = leaf(js, "cancel", cmd_cancel, "cancel pending jobs, and stop running ones")
     cn.add_argument("ids", nargs="*", metavar="ID")

@@ -34,6 +34,14 @@ def add_retention_flags(worker: argparse.ArgumentParser) -> None:
             help=f"prune {state} jobs{' (and history)' if state == 'completed' else ''} this "
             f"long after they finished: 30s, 90m, 24h, 7d or {FOREVER} (env {env}; {default})",
         )
+    default = format_duration(DEFAULT_RETENTION.throughput)
+    worker.add_argument(
+        "--keep-throughput",
+        default=os.environ.get("SQLA_JOBS_KEEP_THROUGHPUT") or default,
+        metavar="DURATION",
+        help="prune the per-minute throughput counts (the dashboard's chart) this long after "
+        f"their minute: 30s, 90m, 24h, 7d or {FOREVER} (env SQLA_JOBS_KEEP_THROUGHPUT; {default})",
+    )
     worker.add_argument(
         "--no-prune",
         action="store_true",
@@ -54,6 +62,7 @@ def retention_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.no_prune:
         return {"retention": None}
     keep = {state: _keep(getattr(args, f"keep_{state}"), f"--keep-{state}") for state in STATES}
+    keep["throughput"] = _keep(args.keep_throughput, "--keep-throughput")
     interval = _duration(args.prune_interval, "--prune-interval")
     return {"retention": Retention(**keep), "prune_interval": interval.total_seconds()}
 

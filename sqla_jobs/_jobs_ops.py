@@ -1,4 +1,4 @@
-"""The operations half of the ``Jobs`` facade: retry, cancel, pause, resume and get, sync and
+"""The operations half of the ``Jobs`` facade: retry, cancel, delete, pause, resume and get, sync and
 async, each in the caller's own transaction (see :mod:`sqla_jobs._ops` for the rules)."""
 
 from __future__ import annotations
@@ -100,6 +100,39 @@ class Operations:
         """:meth:`cancel` for an ``AsyncSession``."""
         return await current_async(session).run_sync(
             lambda s: _ops.cancel(s, self._scope, ids, kind=kind, queue=queue)
+        )
+
+    def delete(
+        self,
+        session: Session | scoped_session[Any],
+        ids: _ops.Ids = None,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> list[int]:
+        """Delete finished jobs for good; returns the ids deleted.
+
+        ``ids``: dead, cancelled or kept ``completed`` jobs. Without ``ids``: the dead jobs of
+        ``kind`` and ``queue`` (at most 10,000 per call); a SELECT of job ids is a filter, as for
+        :meth:`retry`. Errors as for :meth:`retry` (an unknown id, a pending or running job: use
+        :meth:`cancel` first), raised before anything changed; a job still referenced by a row of
+        the application's (a foreign key that does not cascade) raises
+        :class:`~sqla_jobs.JobReferencedError`, nothing deleted, the transaction still usable.
+        Deleted in the caller's transaction: a rollback brings them back.
+        """
+        return _ops.delete(current(session), self._scope, ids, kind=kind, queue=queue)
+
+    async def delete_async(
+        self,
+        session: AsyncSession | async_scoped_session[Any],
+        ids: _ops.Ids = None,
+        *,
+        kind: str | None = None,
+        queue: str | None = None,
+    ) -> list[int]:
+        """:meth:`delete` for an ``AsyncSession``."""
+        return await current_async(session).run_sync(
+            lambda s: _ops.delete(s, self._scope, ids, kind=kind, queue=queue)
         )
 
     def pause_queue(self, session: Session | scoped_session[Any], name: str) -> None:

@@ -1,5 +1,6 @@
-"""What a worker shows of itself: its row in the registry of live workers (always), and with
-:class:`~sqla_jobs.metrics.Metrics` its health, the queue sampler and the metrics server.
+"""What a worker shows of itself: its row in the registry of live workers (always), its
+per-minute throughput (unless turned off), and with :class:`~sqla_jobs.metrics.Metrics` its
+health, the queue sampler and the metrics server.
 
 The worker calls :meth:`Monitor.open` first (a metrics port that cannot be bound stops it before
 anything else starts), :meth:`Monitor.join` on its first claim connection, :meth:`Monitor.start`
@@ -13,13 +14,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ._config import WorkerConfig
-from ._connections import AsyncConn, Connector
+from ._connections import AsyncConn, Conn, Connector
 from ._health import Health
 from ._holdings import Holdings
-from ._observe import Observer
+from ._observe import Observer, Observers
 from ._registry import Registry
 from ._sampler import Sampler
 from ._services import stop_thread
+from ._tally import Tally
 from ._wakeups import Wakeups
 from .jobs import Jobs
 
@@ -38,6 +40,7 @@ class Monitor:
         name: str,
         connector: Connector,
         metrics: Metrics | None,
+        throughput: bool = True,
     ) -> None:
         self._jobs = jobs
         self._config = config
@@ -51,18 +54,36 @@ class Monitor:
             concurrency=config.concurrency,
             beat=config.reap_seconds,
         )
+        #: The per-minute counts this worker adds to ``sqla_jobs_throughput`` (None: off).
+        self.tally = Tally(schema=jobs.schema, name=name) if throughput else None
         self.health: Health | None = None
         self.sampler: Sampler | None = None
 
     @property
     def observer(self) -> Observer | None:
-        """What the slots tell of each run (None without metrics: nothing is told)."""
-        return self.metrics
+        """What the slots tell of each run (None without metrics and tally: nothing is told)."""
+        present = [o for o in (self.metrics, self.tally) if o is not None]
+        if len(present) > 1:
+            return Observers(*present)
+        return present[0] if present else None
+
+    @property
+    def timed(self) -> bool:
+        """Whether the claims must return when each job became due (its pickup delay)."""
+        return self.metrics is not None or self.tally is not None
 
     def on_reaped(self, kind: str, queue: str) -> None:
-        """The reaper found a crashed job (counted by the metrics, if any). Reaper thread."""
+        """The reaper found a crashed job (counted by the metrics and the tally). Reaper thread."""
         if self.metrics is not None:
             self.metrics.reaped(kind, queue)
+        if self.tally is not None:
+            self.tally.reaped(kind, queue)
+
+    def beat(self, conn: Conn) -> None:
+        """At each reap, on the reaper's connection: beat the registry row, write the tally."""
+        self.registry.beat(conn)
+        if self.tally is not None:
+            self.tally.flush(conn)
 
     def open(self, wakeups: Wakeups, holdings: Holdings) -> None:
         """Before the worker connects: wire the metrics and bind their port (raises
@@ -105,6 +126,8 @@ class Monitor:
         """The worker has stopped: leave the registry (on ``conn``, its first claim connection,
         if still open), stop the sampler and the metrics server. Never raises for the registry."""
         await stop_thread(self.sampler)
+        if self.tally is not None:
+            await self.tally.close(conn)
         await self.registry.leave(conn)
         if self.health is not None:
             self.health.stop()

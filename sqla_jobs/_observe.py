@@ -26,3 +26,22 @@ class Observer(Protocol):
     def reaped(self, kind: str, queue: str) -> None:
         """This worker's reaper put back (or made dead) a job of ``kind`` in ``queue`` whose lease
         expired: a crash of the worker that held it."""
+
+
+class Observers:
+    """Several observers heard as one, in order (the metrics and the throughput tally)."""
+
+    def __init__(self, *observers: Observer) -> None:
+        self._observers = observers
+
+    def started(self, job: ClaimedJob, now: float) -> None:
+        for observer in self._observers:
+            observer.started(job, now)
+
+    def ended(self, outcome: Outcome, ran: bool) -> None:
+        for observer in self._observers:
+            observer.ended(outcome, ran)
+
+    def reaped(self, kind: str, queue: str) -> None:
+        for observer in self._observers:
+            observer.reaped(kind, queue)

@@ -1,4 +1,5 @@
-"""The operations: retry, cancel, pause and resume a queue, get a job; in the caller's Session.
+"""The operations: retry, cancel, delete, pause and resume a queue, get a job; in the caller's
+Session.
 
 Like enqueue, they ride the caller's transaction: nothing happens unless it commits, and a
 rollback undoes all of it; workers hear of a cancel or a resumed queue at commit (NOTIFY). Given
@@ -14,11 +15,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import Executable
 
 from . import statements
-from .errors import InvalidQueueNameError, JobNotFoundError, JobStateError, UniqueKeyTakenError
+from .errors import (
+    InvalidQueueNameError,
+    JobNotFoundError,
+    JobReferencedError,
+    JobStateError,
+    UniqueKeyTakenError,
+)
 from .kinds import check_name
 from .model import Job, JobState
 
@@ -34,11 +42,13 @@ _RETRY = statements.retry_jobs()
 _HOLDERS = statements.unique_holders()
 _CANCEL_PENDING = statements.cancel_pending()
 _REQUEST_CANCEL = statements.request_cancel()
+_DELETE = statements.delete_jobs()
 _SET_PAUSED = statements.set_queue_paused()
 _NOTIFY = statements.notify()
 
 RETRYABLE = (JobState.DEAD.value, JobState.CANCELLED.value, JobState.PENDING.value)
 CANCELLABLE = (JobState.PENDING.value, JobState.RUNNING.value)
+DELETABLE = (JobState.DEAD.value, JobState.CANCELLED.value, JobState.COMPLETED.value)
 
 #: What an operation is given: job ids (each must exist, in a state the operation applies to), a
 #: query of job ids (a SELECT, a UNION, a text(): a filter), or None (``kind`` and ``queue`` alone).
@@ -47,9 +57,9 @@ Ids = Sequence[int] | Executable | None
 
 @dataclass(frozen=True)
 class CancelResult:
-    """What :func:`cancel` did: pending jobs ``cancelled`` (they will never run), and running
-    jobs whose worker was asked to stop them (``requested``: they end ``cancelled`` when the
-    handler stops, or ``completed`` if it returns normally anyway)."""
+    """What :meth:`Jobs.cancel <sqla_jobs.Jobs.cancel>` did: pending jobs ``cancelled`` (they
+    will never run), and running jobs whose worker was asked to stop them (``requested``: they end
+    ``cancelled`` when the handler stops, or ``completed`` if it returns normally anyway)."""
 
     cancelled: list[int] = field(default_factory=list)
     requested: list[int] = field(default_factory=list)
@@ -218,6 +228,38 @@ def cancel(
         payload = ",".join(map(str, requested[start : start + _IDS_PER_NOTIFY]))
         session.execute(_NOTIFY, {"channel": scope.cancel_channel, "queue": payload})
     return CancelResult(cancelled=sorted(cancelled), requested=sorted(requested))
+
+
+def delete(
+    session: Session,
+    scope: Scope,
+    ids: Ids = None,
+    *,
+    kind: str | None = None,
+    queue: str | None = None,
+) -> list[int]:
+    """Delete finished jobs (dead, cancelled, or kept ``completed``); without ``ids``, the dead
+    jobs of ``kind`` and ``queue``. Returns the ids deleted."""
+    rows = _targets(session, scope, ids, DELETABLE, ("dead",), "delete", kind, queue)
+    if not rows:
+        return []
+    targets = [r[0] for r in rows]
+    params = {"ids": targets, "states": list(DELETABLE)}
+    try:
+        # A savepoint: an application's foreign key to one of them must not abort the caller's
+        # transaction, only this delete.
+        with session.begin_nested():
+            done = session.execute(_DELETE, params, execution_options=scope.options)
+            return sorted(r[0] for r in done)
+    except IntegrityError as exc:
+        diag = getattr(exc.orig, "diag", None)
+        detail = str(getattr(diag, "message_detail", None) or exc.orig).strip()
+        raise JobReferencedError(
+            f"cannot delete: a job is still referenced by a row of the application ({detail}): "
+            "nothing changed",
+            targets,
+            detail,
+        ) from None
 
 
 def set_paused(session: Session, scope: Scope, queue: str, paused: bool) -> None:

@@ -50,6 +50,8 @@ REST = 9.0
 BATCH = 1000
 #: The key of the history rows in a run's counts.
 HISTORY = "history"
+#: The key of the per-minute throughput rows in a run's counts.
+THROUGHPUT = "throughput"
 _COMPLETED = JobState.COMPLETED.value
 #: "Key (id)=(42) is still referenced from table ...": a foreign key of the application's.
 _REFERENCED = re.compile(r"Key \(id\)=\((\d+)\)")
@@ -64,6 +66,7 @@ class PruneSQL:
         self.count_jobs = compile_statement(statements.count_prunable_jobs(), schema)
         self.prune_history = compile_statement(statements.prune_history(), schema)
         self.count_history = compile_statement(statements.count_prunable_history(), schema)
+        self.prune_throughput = compile_statement(statements.prune_throughput(), schema)
         self.try_lock = compile_statement(statements.try_lock_pruner(), schema)
         self.unlock = compile_statement(statements.unlock_pruner(), schema)
 
@@ -270,6 +273,11 @@ class Pruner(threading.Thread):
                 stopping=self._stop_event.is_set,
                 rest=lambda took: self._stop_event.wait(took * REST),
             )
+            keep = self._retention.throughput
+            if keep is not None and not self._stop_event.is_set():
+                # Minutes no worker writes any more: one short delete, nothing waits on it.
+                params = self._sql.prune_throughput.params(older_than_us=_us(keep))
+                counts[THROUGHPUT] = conn.execute(self._sql.prune_throughput.sql, params).rowcount
         finally:
             conn.execute(self._sql.unlock.sql, self._sql.unlock.params(**key))
         self.runs += 1

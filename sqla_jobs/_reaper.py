@@ -5,9 +5,9 @@ heartbeat) holds. It runs on its own thread and connection, on its own schedule,
 rounded up to a heartbeat tick and never waits behind a renewal. Each queue it puts jobs back into
 is notified, so idle workers pick the rescued jobs up at once instead of at their next poll.
 
-Each step also beats the worker's row in the registry of live workers (:mod:`sqla_jobs._registry`)
-and prunes the stale rows: on this connection, at this cadence, so the registry costs no
-connection or thread of its own.
+Each step also beats the worker's row in the registry of live workers (:mod:`sqla_jobs._registry`),
+prunes the stale rows and writes the worker's throughput counts (:mod:`sqla_jobs._tally`): on this
+connection, at this cadence, so neither costs a connection or thread of its own.
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from ._connections import ConnectionThread, Connector
-from ._registry import Registry
+from ._connections import Conn, ConnectionThread, Connector
 from ._sql import WorkerSQL
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -26,7 +25,7 @@ _BATCH = 100
 
 
 class Reaper(ConnectionThread):
-    """Every ``interval`` seconds, beat ``registry`` (if any), reap every expired lease (in
+    """Every ``interval`` seconds, call ``beat`` (if any) on its connection, reap every expired lease (in
     batches) and wake the queues they go back to through ``channel``; ``on_reaped(kind, queue)``
     hears each job reaped (the metrics' crash counter)."""
 
@@ -37,20 +36,20 @@ class Reaper(ConnectionThread):
         sql: WorkerSQL,
         interval: float,
         channel: str,
-        registry: Registry | None = None,
+        beat: Callable[[Conn], object] | None = None,
         on_reaped: Callable[[str, str], None] | None = None,
     ) -> None:
         super().__init__(connector, "reaper", what="reaper connection", event="lease_conn_lost")
         self._sql = sql
         self._interval = interval
         self._channel = channel
-        self._registry = registry
+        self._beat = beat
         self._on_reaped = on_reaped
         self.reaped = 0
 
     def step(self) -> float:
-        if self._registry is not None:
-            self._registry.beat(self.connection())
+        if self._beat is not None:
+            self._beat(self.connection())
         self.reap()
         return self._interval
 

@@ -13,14 +13,13 @@ from collections.abc import Callable
 from datetime import timedelta
 
 from ._config import WorkerConfig
-from ._connections import Connector
+from ._connections import Conn, Connector
 from ._handoff import Handoff
 from ._holdings import Holdings
 from ._leases import LeaseKeeper
 from ._listener import Listener
 from ._pruner import Pruner
 from ._reaper import Reaper
-from ._registry import Registry
 from ._sampler import Sampler
 from ._scheduler import Scheduler
 from ._sql import WorkerSQL
@@ -40,14 +39,14 @@ def start_threads(
     cancel_channel: str,
     on_cancel: Callable[[list[int]], None],
     schema: str | None = None,
-    registry: Registry | None = None,
+    beat: Callable[[Conn], object] | None = None,
     on_reaped: Callable[[str, str], None] | None = None,
 ) -> tuple[LeaseKeeper, Reaper, Pruner | None, Listener | None]:
     """Start the heartbeat and reaper threads, the pruner unless the configuration keeps every
     finished job (``retention`` None or all forever), and the listener unless ``handoff`` is None
     (poll-only mode). ``on_cancel`` runs on the event loop with the ids of running jobs an
-    operator cancelled, heard on ``cancel_channel`` or from a heartbeat. The reaper beats
-    ``registry`` and tells ``on_reaped`` of each job it reaps."""
+    operator cancelled, heard on ``cancel_channel`` or from a heartbeat. The reaper calls
+    ``beat`` (the registry row, the throughput counts) at each step and tells ``on_reaped`` of each job it reaps."""
 
     def cancel_from_thread(ids: list[int]) -> None:
         wakeups.call_soon(on_cancel, ids)
@@ -68,7 +67,7 @@ def start_threads(
         sql=sql,
         interval=config.reap_seconds,
         channel=channel,
-        registry=registry,
+        beat=beat,
         on_reaped=on_reaped,
     )
     reaper.start()

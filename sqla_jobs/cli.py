@@ -1,5 +1,6 @@
 """The ``sqla-jobs`` command: ``worker``, ``stats``, ``jobs``, ``queues``, ``workers``, ``migrate``,
-``prune`` and ``demo``.
+``prune`` and ``dashboard``. (The guided demo is not a command of the package: it lives in the
+repository, ``nox -s demo``.)
 
 Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 bad usage or
 configuration (including a bad ``MODULE:ATTR``, a bad filter or queue name, a bad log level or log
@@ -22,7 +23,7 @@ from typing import TypeVar
 import psycopg
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from . import _cli_ops, _cli_schedules, _cli_workers
+from . import _cli_dashboard, _cli_migrate, _cli_ops, _cli_schedules, _cli_workers, _prefetch
 from ._cli_common import (
     EXIT_ERROR,
     EXIT_FORCED,
@@ -38,6 +39,8 @@ from ._cli_common import (
     env_off,
     load_jobs,
     load_sessionmaker,
+    package_version,
+    plain_text,
     prepared_url,
 )
 from ._cli_prune import add_prune_command, add_retention_flags, retention_options
@@ -53,6 +56,11 @@ from .errors import (
 )
 
 T = TypeVar("T", int, float)
+
+DESCRIPTION = (
+    "A Postgres job queue in one table: run its workers; list, retry and cancel its jobs; pause "
+    "its queues; run its periodic schedules; create or upgrade its tables."
+)
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -82,6 +90,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         prefetch=args.prefetch,
         prepared_statements=not args.no_prepared_statements,
         schedules=not args.no_schedules,
+        throughput=not args.no_throughput,
         sessionmaker=load_sessionmaker(args.sessionmaker) if args.sessionmaker else None,
         metrics=_cli_workers.metrics_option(args),
         **retention_options(args),
@@ -106,21 +115,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_migrate(args: argparse.Namespace) -> int:
-    from .migrate import upgrade
-
-    url = database_url(args)
-    check_reachable(url)
-    upgrade(url, schema=args.schema, sql=args.sql)
-    return EXIT_OK
-
-
-def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import main as demo_main
-
-    return demo_main(database_url=args.database_url)
-
-
 def _numberenv(name: str, kind: type[T], default: T | None) -> T | None:
     """``SQLA_JOBS_<name>`` as an int or float; a clear usage error if it is not one."""
     raw = env(name)
@@ -133,9 +127,10 @@ def _numberenv(name: str, kind: type[T], default: T | None) -> T | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    doc = __doc__.split("\n\n")
-    epilog = "\n\n".join(doc[1:]).replace("``", "")
-    parser = argparse.ArgumentParser(prog="sqla-jobs", description=doc[0], epilog=epilog)
+    # --help is plain text: the docstring's reStructuredText markup is unwrapped.
+    epilog = plain_text("\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = argparse.ArgumentParser(prog="sqla-jobs", description=DESCRIPTION, epilog=epilog)
+    parser.add_argument("--version", action="version", version=f"sqla-jobs {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def db(p: argparse.ArgumentParser) -> None:
@@ -149,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--queues",
         default=env("QUEUES"),
-        help="comma-separated queues (env SQLA_JOBS_QUEUES; default: the kinds' queues)",
+        help="comma-separated queues (env SQLA_JOBS_QUEUES; default: the queues of the kinds "
+        "that have handlers)",
     )
     w.add_argument(
         "--concurrency",
@@ -216,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
         "SQLA_JOBS_SCHEDULES=0)",
     )
     w.add_argument(
+        "--no-throughput",
+        action="store_true",
+        default=env_off("THROUGHPUT"),
+        help="do not add this worker's per-minute counts to sqla_jobs_throughput, the "
+        "dashboard's chart (env SQLA_JOBS_THROUGHPUT=0)",
+    )
+    w.add_argument(
         "--no-prepared-statements",
         action="store_true",
         default=env_off("PREPARED_STATEMENTS"),
@@ -226,14 +229,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--prefetch",
         type=int,
         default=_numberenv("PREFETCH", int, None),
-        help="claimed jobs that may wait for a free slot (env SQLA_JOBS_PREFETCH; default: "
-        "automatic, 4x concurrency while handlers are short, 0 otherwise)",
+        help="claimed jobs that may wait for a free slot; 0: none (env SQLA_JOBS_PREFETCH; "
+        f"default: automatic, what the slots finish in about {_prefetch.HORIZON:g} s at the "
+        f"handlers' average run time, at most {_prefetch.CAP}; none before the first jobs "
+        f"finish, nor while handlers average over {_prefetch.SHORT_JOB * 1000:g} ms)",
     )
     w.add_argument(
         "--keep-history",
         action="store_true",
         default=(env("KEEP_HISTORY", "0") or "0").lower() in ("1", "true", "yes"),
-        help="copy finished jobs into sqla_jobs_history (env SQLA_JOBS_KEEP_HISTORY=1)",
+        help="move each completed job into sqla_jobs_history instead of deleting it "
+        "(env SQLA_JOBS_KEEP_HISTORY=1)",
     )
     add_retention_flags(w)
     _cli_workers.add_metrics_flags(w, _numberenv)
@@ -252,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-config",
         metavar="FILE",
         default=env("LOG_CONFIG"),
-        help="a logging.config.dictConfig in JSON (FILE.json) or TOML (FILE.toml), applied "
+        help="a logging.config.dictConfig in JSON (FILE.json) or TOML (FILE.toml, Python 3.11 "
+        "or later), applied "
         "instead of --log-format and --log-level (env SQLA_JOBS_LOG_CONFIG)",
     )
     w.set_defaults(func=cmd_worker)
@@ -274,18 +281,11 @@ def build_parser() -> argparse.ArgumentParser:
     _cli_ops.register(sub, epilog)
     _cli_schedules.register(sub, epilog)
     _cli_workers.register(sub, epilog)
+    _cli_dashboard.register(sub, epilog)
 
-    m = sub.add_parser("migrate", help="create or upgrade the queue table (alembic upgrade)")
-    db(m)
-    m.add_argument("--schema", default=env("SCHEMA"), help="schema for the queue table")
-    m.add_argument("--sql", action="store_true", help="print the SQL instead of running it")
-    m.set_defaults(func=cmd_migrate)
+    _cli_migrate.register(sub, epilog)
 
     add_prune_command(sub, db, epilog, database_url, check_reachable)
-
-    d = sub.add_parser("demo", help="a guided tour on a real database (embedded if no URL)")
-    db(d)
-    d.set_defaults(func=cmd_demo)
     return parser
 
 

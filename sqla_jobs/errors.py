@@ -69,8 +69,7 @@ class InvalidTextError(EnqueueError):
 
 class InvalidMetaError(EnqueueError):
     """A job's ``meta`` (given to enqueue, or added by an ``on_enqueue`` hook) is not a JSON object
-    of string keys that JSON can store as is, or is larger than 8 KiB once serialized
-    (:data:`sqla_jobs.validate.MAX_META_BYTES`)."""
+    of string keys that JSON can store as is, or is larger than 8 KiB once serialized."""
 
 
 class EnqueueHookError(EnqueueError):
@@ -112,6 +111,12 @@ class NotMigratedError(SqlaJobsError):
         self.fix = fix
 
 
+class MigrationConflictError(SqlaJobsError):
+    """``sqla-jobs migrate`` found sqla-jobs' tables in the care of another Alembic environment
+    (its revisions in the application's ``alembic_version``, or nowhere): running its revisions
+    would run them twice. Nothing was changed; the message says which tool to use."""
+
+
 class JobCancelledError(SqlaJobsError):
     """The job was cancelled by an operator while it ran: raised by ``ctx.step`` instead of
     starting a new step; a sync handler may raise it too when it sees ``ctx.cancelled``."""
@@ -128,6 +133,16 @@ class JobNotFoundError(OperationError):
     def __init__(self, message: str, ids: list[int]) -> None:
         super().__init__(message)
         self.ids = ids
+
+
+class JobReferencedError(OperationError):
+    """A job to delete is still referenced by a row of the application's (a foreign key that
+    does not cascade); ``ids`` lists the jobs, ``detail`` is PostgreSQL's."""
+
+    def __init__(self, message: str, ids: list[int], detail: str) -> None:
+        super().__init__(message)
+        self.ids = ids
+        self.detail = detail
 
 
 class ScheduleNotFoundError(OperationError):

@@ -18,6 +18,7 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     DateTime,
+    Double,
     Identity,
     Index,
     Integer,
@@ -37,6 +38,9 @@ HISTORY_TABLE = f"{PREFIX}_history"
 QUEUE_TABLE = f"{PREFIX}_queue"
 SCHEDULE_TABLE = f"{PREFIX}_schedule"
 WORKER_TABLE = f"{PREFIX}_worker"
+THROUGHPUT_TABLE = f"{PREFIX}_throughput"
+#: Alembic's version table of sqla-jobs' own environment (sqla-jobs migrate): not in ``metadata``.
+VERSION_TABLE = f"{PREFIX}_alembic_version"
 #: Longest ``last_error`` kept; a stack-trace storm must not bloat the hot table.
 MAX_ERROR_CHARS = 500
 
@@ -324,6 +328,36 @@ class RegisteredWorker(Base):
     #: The last heartbeat plus three of the worker's own heartbeat intervals, by the database's
     #: clock: past it, the row is stale and pruned.
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ThroughputMinute(Base):
+    """What the workers finished in one minute, per queue and kind: counts by outcome, and the sums
+    of run times and pickup delays (start minus ``run_at``) to average them by. Written by each
+    worker at its reaper's beat as one upsert adding its counts to the minute's row, by the
+    database's clock; pruned after :attr:`~sqla_jobs.Retention.throughput`. Completed jobs are
+    deleted, so this is where a dashboard's throughput and latency over time come from
+    (:func:`sqla_jobs.throughput.recent`). No claim reads it."""
+
+    __tablename__ = THROUGHPUT_TABLE
+
+    #: The start of the minute, by the database's clock when the worker wrote its counts.
+    minute: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    queue: Mapped[str] = mapped_column(Text, primary_key=True)
+    kind: Mapped[str] = mapped_column(Text, primary_key=True)
+    completed: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    #: Failed runs that will be retried (a run that used its last attempt counts as ``dead``).
+    failed: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    dead: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    cancelled: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    snoozed: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    #: Jobs the workers' reapers rescued from a worker that stopped heartbeating.
+    crashed: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    #: Handler runs timed, and their total duration in seconds.
+    runs: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    run_seconds: Mapped[float] = mapped_column(Double, server_default="0")
+    #: Jobs started, and their total wait from ``run_at`` to their start in seconds.
+    pickups: Mapped[int] = mapped_column(BigInteger, server_default="0")
+    pickup_seconds: Mapped[float] = mapped_column(Double, server_default="0")
 
 
 #: Storage parameters of the queue table. The default autovacuum_vacuum_scale_factor (0.2) waits

@@ -23,17 +23,19 @@ class Retention:
     ``completed`` covers succeeded jobs in ``sqla_jobs_history`` (``keep_history=True``) and the
     ``completed`` rows kept in the job table; ``dead`` and ``cancelled`` cover those states in the
     job table. Pending and running jobs are never pruned, whatever their age. The defaults are
-    River's: a day for what went as planned, a week for what needs a look.
+    River's: a day for what went as planned, a week for what needs a look. ``throughput`` is how
+    long the per-minute counts of ``sqla_jobs_throughput`` are kept, counted from their minute.
     """
 
     completed: timedelta | None = timedelta(hours=24)
     cancelled: timedelta | None = timedelta(hours=24)
     dead: timedelta | None = timedelta(days=7)
+    throughput: timedelta | None = timedelta(hours=24)
 
     def __post_init__(self) -> None:
-        for state, keep in self.by_state().items():
+        for name, keep in {**self.by_state(), "throughput": self.throughput}.items():
             if keep is not None and keep < timedelta(0):
-                raise ValueError(f"Retention.{state} must be >= 0 or None, got {keep}")
+                raise ValueError(f"Retention.{name} must be >= 0 or None, got {keep}")
 
     def by_state(self) -> dict[str, timedelta | None]:
         """Each terminal state and how long it is kept."""
@@ -45,8 +47,9 @@ class Retention:
 
     @property
     def prunes(self) -> bool:
-        """Whether anything is ever pruned (False: every state kept forever)."""
-        return any(keep is not None for keep in self.by_state().values())
+        """Whether anything is ever pruned (False: everything kept forever)."""
+        keeps = [*self.by_state().values(), self.throughput]
+        return any(keep is not None for keep in keeps)
 
 
 def parse_duration(text: str) -> timedelta:

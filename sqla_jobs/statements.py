@@ -20,13 +20,16 @@ from sqlalchemy import (
     ARRAY,
     BigInteger,
     Boolean,
+    Column,
     ColumnElement,
     Delete,
     Float,
     Insert,
     Integer,
     Interval,
+    MetaData,
     Select,
+    String,
     Table,
     Text,
     Update,
@@ -53,6 +56,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, REGCLASS, UUID
 from sqlalchemy.dialects.postgresql import dialect as _pg_dialect
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.schema import DropTable
 from sqlalchemy.sql.dml import ReturningDelete, ReturningInsert, ReturningUpdate
 from sqlalchemy.sql.elements import BindParameter, TextClause
 from sqlalchemy.sql.selectable import TableClause
@@ -61,11 +65,13 @@ from . import _row
 from .model import (
     MAX_ERROR_CHARS,
     UNIQUE_PREDICATE,
+    VERSION_TABLE,
     Job,
     JobHistory,
     QueueState,
     RegisteredWorker,
     Schedule,
+    ThroughputMinute,
 )
 
 if TYPE_CHECKING:
@@ -83,6 +89,7 @@ history = typing.cast(Table, JobHistory.__table__)
 queue_state = typing.cast(Table, QueueState.__table__)
 schedule = typing.cast(Table, Schedule.__table__)
 registry = typing.cast(Table, RegisteredWorker.__table__)
+throughput = typing.cast(Table, ThroughputMinute.__table__)
 
 PENDING: ColumnElement[str] = literal_column("'pending'")
 RUNNING: ColumnElement[str] = literal_column("'running'")
@@ -1324,6 +1331,20 @@ def cancel_pending() -> AnyUpdate:
     )
 
 
+def delete_jobs() -> AnyDelete:
+    """Delete the jobs ``ids`` that are in one of ``states`` (finished ones: the caller checked and
+    locked them). Returns their ids. Primary-key probes; an application's foreign key to a job
+    raises here, as for any delete."""
+    return (
+        delete(job)
+        .where(
+            job.c.id == func.any(_ids()),
+            job.c.state == func.any(bindparam("states", type_=ARRAY(Text))),
+        )
+        .returning(job.c.id)
+    )
+
+
 def request_cancel() -> AnyUpdate:
     """Ask the worker running each of the jobs ``ids`` to cancel it (stored, so that a worker that
     dies meanwhile cannot put it back in the queue: the reaper makes it ``cancelled``). Running
@@ -1924,6 +1945,61 @@ def sample_queues() -> Any:
     return due_unkeyed.union_all(due_keyed, running, finished)
 
 
+# -- sqla-jobs migrate: its own version table, and the adoption of alembic_version's rows --------
+
+#: The name of the advisory lock ``sqla-jobs migrate`` holds while it migrates one schema.
+MIGRATE_LOCK_NAME = "sqla_jobs.migrate"
+#: The version table of the schema's Alembic environments other than ours: the application's own,
+#: which may hold sqla-jobs' revisions too (the README's recipe), and an earlier sqla-jobs migrate's.
+#: Alembic's layout: one row per head.
+shared_versions = Table(
+    "alembic_version",
+    MetaData(),
+    Column("version_num", String(32), primary_key=True),
+)
+#: sqla-jobs' own version table, as Alembic creates it.
+own_versions = Table(
+    VERSION_TABLE,
+    MetaData(),
+    Column("version_num", String(32), primary_key=True),
+)
+
+
+def lock_migrations() -> Select[tuple[object]]:
+    """Wait for the advisory lock of ``sqla-jobs migrate`` on schema ``schema_name``
+    (:data:`ADVISORY_NAMESPACE`, ``hashtext('sqla_jobs.migrate:' || schema_name)``) and hold it
+    until the transaction ends: two runs at once (a deploy's replicas) migrate one after the
+    other, the second finding nothing left to do. Locks nothing else."""
+    schema = func.coalesce(bindparam("schema_name", type_=Text), literal_column("''"))
+    name: ColumnElement[str] = literal_column(f"'{MIGRATE_LOCK_NAME}:'") + schema
+    return select(
+        func.pg_advisory_xact_lock(literal_column(str(ADVISORY_NAMESPACE)), func.hashtext(name))
+    )
+
+
+def forget_shared_versions() -> Delete:
+    """Delete the rows ``revisions`` (sqla-jobs' own) from ``alembic_version``, leaving every
+    other row (the application's revisions) as it is. Locks the rows it deletes; a scan of a table
+    of a row per head. Returns nothing."""
+    column = shared_versions.c.version_num
+    return delete(shared_versions).where(
+        column == func.any(bindparam("revisions", type_=ARRAY(Text)))
+    )
+
+
+def drop_shared_version_table() -> DropTable:
+    """Drop ``alembic_version``, once :func:`forget_shared_versions` left it empty: an earlier
+    ``sqla-jobs migrate`` created it, and an application that needs one again gets it back from
+    its own Alembic environment. Takes an ACCESS EXCLUSIVE lock on it until the transaction ends."""
+    return DropTable(shared_versions)
+
+
+def drop_version_table() -> DropTable:
+    """Drop sqla-jobs' own version table, after a downgrade to base emptied it (Alembic keeps an
+    empty one). Takes an ACCESS EXCLUSIVE lock on it until the transaction ends."""
+    return DropTable(own_versions)
+
+
 # -- the registry of live workers ---------------------------------------------------------------------
 
 
@@ -1980,3 +2056,88 @@ def list_workers() -> Select[Any]:
         since.label("heartbeat_age"),
         (registry.c.expires_at < func.now()).label("stale"),
     ).order_by(registry.c.started_at, registry.c.name)
+
+
+# -- the dashboard -----------------------------------------------------------------------------------
+
+
+def list_jobs_page() -> Select[Any]:
+    """:func:`list_jobs` (same parameters and columns) below id ``before``: one page of a listing
+    paged by keyset, the next page starting below the last id shown, so a deep page costs what
+    the first does and a job enqueued meanwhile never shifts a page (no OFFSET). For the
+    dashboard. No locks; the primary key read backwards from ``before``, filtered."""
+    return list_jobs().where(job.c.id < bindparam("before", type_=BigInteger))
+
+
+#: The counted columns of ``sqla_jobs_throughput``, in the order :func:`record_throughput` takes
+#: their arrays (``queues``, ``kinds``, then one array per name, each ``<name>s`` but the sums).
+THROUGHPUT_COUNTS = (
+    "completed",
+    "failed",
+    "dead",
+    "cancelled",
+    "snoozed",
+    "crashed",
+    "runs",
+    "run_seconds",
+    "pickups",
+    "pickup_seconds",
+)
+
+
+def record_throughput() -> Insert:
+    """Add a worker's counts to the current minute's rows (by the database's clock), one per
+    queue and kind: arrays ``queues``, ``kinds`` and one per :data:`THROUGHPUT_COUNTS` name.
+    Rows are written in (queue, kind) order, so that two workers adding to the same minute wait
+    for each other in one order, never in a cycle. Locks the rows it writes; a primary-key probe
+    each."""
+    params = (
+        ("queue", Text),
+        ("kind", Text),
+        *((name, Float if name.endswith("_seconds") else BigInteger) for name in THROUGHPUT_COUNTS),
+    )
+    rows = (
+        func.unnest(*(bindparam(f"{name}_", type_=ARRAY(type_)) for name, type_ in params))
+        .table_valued(*(column(name, type_) for name, type_ in params))
+        .render_derived(name="t")
+    )
+    minute = func.date_trunc(literal_column("'minute'"), func.now())
+    src = (
+        select(minute, *(rows.c[name] for name, _ in params))
+        .select_from(rows)
+        .order_by(rows.c.queue, rows.c.kind)
+    )
+    names = ["minute", *(name for name, _ in params)]
+    stmt = pg_insert(throughput).from_select(names, src)
+    return stmt.on_conflict_do_update(
+        index_elements=[throughput.c.minute, throughput.c.queue, throughput.c.kind],
+        set_={name: throughput.c[name] + stmt.excluded[name] for name in THROUGHPUT_COUNTS},
+    )
+
+
+def read_throughput() -> Select[Any]:
+    """The rows of the last ``minutes`` minutes by the database's clock (the current one
+    included), of queue ``queue`` unless it is NULL, oldest first. No locks; served by the
+    primary key (``minute`` leads it)."""
+    since = func.date_trunc(literal_column("'minute'"), func.now()) - (
+        bindparam("minutes", type_=Integer) - literal_column("1")
+    ) * literal_column("interval '1 minute'")
+    wanted = bindparam("queue", type_=Text)
+    return (
+        select(throughput)
+        .where(
+            throughput.c.minute >= since,
+            or_(wanted.is_(None), throughput.c.queue == wanted),
+        )
+        .order_by(throughput.c.minute, throughput.c.queue, throughput.c.kind)
+    )
+
+
+def prune_throughput() -> Delete:
+    """Delete the throughput rows of minutes that began more than ``older_than_us``
+    microseconds ago. A range of the primary key; no worker writes these old minutes any more,
+    so nothing waits on it."""
+    return delete(throughput).where(
+        throughput.c.minute
+        < func.now() - bindparam("older_than_us", type_=BigInteger) * ONE_MICROSECOND
+    )

@@ -111,8 +111,9 @@ class Worker:
     with :meth:`Jobs.periodic <sqla_jobs.Jobs.periodic>`, each tick once across every worker
     (:mod:`~sqla_jobs._scheduler`); its role then needs the enqueuer's grants.
 
-    Every worker registers itself in ``sqla_jobs_worker`` while it runs (``sqla-jobs workers``).
-    With ``metrics`` (a :class:`sqla_jobs.metrics.Metrics`, the ``metrics`` extra) it counts and
+    Every worker registers itself in ``sqla_jobs_worker`` while it runs (``sqla-jobs workers``)
+    and, with ``throughput`` (default), adds what it finished to the per-minute counts of
+    ``sqla_jobs_throughput`` at each reap (the dashboard's chart; :mod:`~sqla_jobs._tally`). With ``metrics`` (a :class:`sqla_jobs.metrics.Metrics`, the ``metrics`` extra) it counts and
     times its runs there, serves them on the metrics' port with ``/healthz``, and takes its turn
     at sampling the queues' depth.
     """
@@ -142,6 +143,7 @@ class Worker:
         sessionmaker: AnyMaker | None = None,
         long_transaction: float = 60.0,
         metrics: Metrics | None = None,
+        throughput: bool = True,
         seams: WorkerSeams | None = None,
     ) -> None:
         if queues is None:
@@ -174,8 +176,17 @@ class Worker:
         threshold = 5 if prepared_statements else None
         make = self._seams.connector or Connector
         self.connector = make(libpq_conninfo(database_url), self.name, threshold)
-        # With metrics, the claims also return when each job became due (its pickup delay).
-        self._sql = WorkerSQL(jobs.schema, timed=metrics is not None)
+        #: Its registry row, its throughput counts and its metrics if any.
+        self.monitor = Monitor(
+            jobs=jobs,
+            config=self.config,
+            name=self.name,
+            connector=self.connector,
+            metrics=metrics,
+            throughput=throughput,
+        )
+        # With metrics or the tally, the claims also return when each job became due.
+        self._sql = WorkerSQL(jobs.schema, timed=self.monitor.timed)
         # Keyed claims cost an extra transaction per round: only workers that may see keyed jobs
         # (a handled kind with a concurrency limit) run them.
         self._keyed = any(
@@ -195,15 +206,7 @@ class Worker:
                 warn_after=long_transaction,
             )
         self.holdings = Holdings()
-        self.holdings.timed = metrics is not None
-        #: Its registry row, and its metrics if any.
-        self.monitor = Monitor(
-            jobs=jobs,
-            config=self.config,
-            name=self.name,
-            connector=self.connector,
-            metrics=metrics,
-        )
+        self.holdings.timed = self.monitor.timed
         self.prefetch = Prefetch(concurrency, prefetch, batch_size)
         #: Counters for tests, benchmarks and the final log line.
         self.counts = dict.fromkeys(
@@ -366,7 +369,7 @@ class Worker:
             cancel_channel=self.jobs.cancel_channel,
             on_cancel=self._slots.cancel,
             schema=self.jobs.schema,
-            registry=self.monitor.registry,
+            beat=self.monitor.beat,
             on_reaped=self.monitor.on_reaped,
         )
         if self.scheduler is not None:

@@ -197,6 +197,24 @@ def test_jobs_retry_by_id_prints_the_ids_and_makes_them_pending(
     assert {row[1] for row in snapshot(ops_effects)} == {"pending"}
 
 
+def test_jobs_delete_by_id_and_all_dead_deletes_only_finished_jobs_of_the_filters(
+    ops_effects: Engine, migrated_url: str
+) -> None:
+    a, b = enqueue(ops_effects, "a", "b")
+    (c,) = enqueue(ops_effects, "c", queue="other")
+    (d,) = enqueue(ops_effects, "d")
+    for job_id in (a, b, c):
+        make_dead(ops_effects, job_id)
+    by_id = cli(migrated_url, "jobs", "delete", str(a))
+    assert (by_id.returncode, by_id.stdout) == (0, f"deleted 1 job: {a}\n"), by_id.stderr
+    result = cli(migrated_url, "jobs", "delete", "--all-dead", "--queue", "ops")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"deleted 1 job: {b}\n"
+    assert {row[0]: row[1] for row in snapshot(ops_effects)} == {c: "dead", d: "pending"}
+    again = cli(migrated_url, "jobs", "delete", "--all-dead", "--queue", "ops")
+    assert (again.returncode, again.stdout) == (0, "no dead jobs to delete\n")
+
+
 def test_jobs_retry_all_dead_takes_only_the_dead_jobs_of_the_filters(
     ops_effects: Engine, migrated_url: str
 ) -> None:
@@ -250,8 +268,17 @@ def test_jobs_retry_of_a_job_whose_unique_key_is_taken_exits_6_and_changes_nothi
         ("cancel", "dead", "cannot cancel: job {id} is dead"),
         ("retry", "unknown", "no job with id 999999"),
         ("cancel", "unknown", "no job with id 999999"),
+        ("delete", "running", "cannot delete: job {id} is running"),
+        ("delete", "unknown", "no job with id 999999"),
     ],
-    ids=["retry-running", "cancel-dead", "retry-unknown", "cancel-unknown"],
+    ids=[
+        "retry-running",
+        "cancel-dead",
+        "retry-unknown",
+        "cancel-unknown",
+        "delete-running",
+        "delete-unknown",
+    ],
 )
 def test_retry_or_cancel_of_an_unknown_id_or_a_job_in_the_wrong_state_exits_6_and_changes_nothing(
     ops_effects: Engine, migrated_url: str, command: str, state: str, fragment: str
@@ -290,6 +317,9 @@ def test_retry_or_cancel_of_an_unknown_id_or_a_job_in_the_wrong_state_exits_6_an
         (["cancel", "1", "--queue", "ops"], "not both"),
         (["cancel", "-3"], "invalid job id '-3'"),
         (["show", "x"], "invalid job id 'x'"),
+        (["delete"], "give the ids of the jobs to delete, or --all-dead"),
+        (["delete", "1", "--all-dead"], "not both"),
+        (["delete", "--all-dead", "--kind", "a b"], "invalid kind name 'a b'"),
     ],
 )
 def test_jobs_commands_with_bad_arguments_exit_2_with_a_one_line_error_and_change_nothing(
@@ -349,6 +379,22 @@ def test_queues_lists_depth_by_state_latency_and_pauses_including_queues_without
     paused = cli(migrated_url, "queues", "pause", "archive")
     assert paused.returncode == 0, paused.stderr
     assert paused.stdout.startswith("paused queue archive")
+    # Live workers serving a queue are counted there, a stale one not; a queue only a worker
+    # serves is listed too.
+    execute(ops_effects, "DELETE FROM sqla_jobs_worker")
+    for name, queues, expires in (
+        ("w1", "{ops,idle}", "1 minute"),
+        ("w2", "{ops}", "1 minute"),
+        ("gone", "{ops}", "-1 minute"),
+    ):
+        execute(
+            ops_effects,
+            "INSERT INTO sqla_jobs_worker (name, host, pid, queues, concurrency, expires_at) "
+            "VALUES (:name, 'h', 1, CAST(:queues AS text[]), 4, now() + CAST(:expires AS interval))",
+            name=name,
+            queues=queues,
+            expires=expires,
+        )
 
     table = cli(migrated_url, "queues")
     assert table.returncode == 0, table.stderr
@@ -360,16 +406,18 @@ def test_queues_lists_depth_by_state_latency_and_pauses_including_queues_without
         "dead",
         "completed",
         "cancelled",
+        "workers",
         "oldest",
         "due",
         "paused",
     ]
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:]}
-    assert rows["archive"][:6] == ["0", "0", "0", "0", "0", "-"]
-    assert rows["archive"][6] == "since"
-    assert rows["ops"][:5] == ["1", "0", "1", "0", "0"]
-    assert 90 <= float(rows["ops"][5].rstrip("s")) < 120
-    assert rows["ops"][6] == "-"
+    assert rows["archive"][:7] == ["0", "0", "0", "0", "0", "0", "-"]
+    assert rows["archive"][7] == "since"
+    assert rows["ops"][:6] == ["1", "0", "1", "0", "0", "2"]
+    assert 90 <= float(rows["ops"][6].rstrip("s")) < 120
+    assert rows["ops"][7] == "-"
+    assert rows["idle"][:7] == ["0", "0", "0", "0", "0", "1", "-"]
 
     as_json = {
         q["queue"]: q
@@ -378,6 +426,8 @@ def test_queues_lists_depth_by_state_latency_and_pauses_including_queues_without
     assert as_json["archive"]["paused"] is True
     assert as_json["ops"]["paused"] is False
     assert as_json["ops"]["dead"] == 1
+    assert (as_json["ops"]["workers"], as_json["ops"]["slots"]) == (2, 8)
+    execute(ops_effects, "DELETE FROM sqla_jobs_worker")
 
     resumed = cli(migrated_url, "queues", "resume", "archive")
     assert (resumed.returncode, resumed.stdout) == (0, "resumed queue archive\n")

@@ -95,9 +95,8 @@ def test_prune_of_an_unreachable_database_exits_3() -> None:
     assert_one_line_error(result.stderr, "cannot reach the database")
 
 
-def test_a_bad_keep_flag_stops_the_worker_before_it_starts(migrated_url: str) -> None:
-    result = run_cli(
-        "worker", "tests.acceptance.app:jobs", "--keep-dead", "week", database_url=migrated_url
-    )
+@pytest.mark.parametrize("flag", ["--keep-dead", "--keep-throughput"])
+def test_a_bad_keep_flag_stops_the_worker_before_it_starts(migrated_url: str, flag: str) -> None:
+    result = run_cli("worker", "tests.acceptance.app:jobs", flag, "week", database_url=migrated_url)
     assert result.returncode == 2
-    assert_one_line_error(result.stderr, "--keep-dead: bad duration 'week'")
+    assert_one_line_error(result.stderr, f"{flag}: bad duration 'week'")

@@ -10,12 +10,26 @@ from sqlalchemy.pool import NullPool
 from sqla_jobs._db import sqlalchemy_url
 
 Rows = set[tuple[Any, ...]]
+#: Alembic's own version table, and the one of sqla-jobs' environment (sqla-jobs migrate, the
+#: repository's alembic.ini).
+SHARED_VERSIONS = "alembic_version"
+OWN_VERSIONS = "sqla_jobs_alembic_version"
+#: The version table's own objects (table, primary key, row type): Alembic keeps the table, empty,
+#: after a downgrade to base, and the model does not declare it.
+_VERSIONS = r"sqla\_jobs\_alembic\_version%"
 
 
 def connect(url: str) -> Connection:
     """An autocommit connection to ``url``; no pool, so closing it leaves nothing connected."""
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool, isolation_level="AUTOCOMMIT")
     return engine.connect()
+
+
+def execute_sql(url: str, *statements: str) -> None:
+    """Run ``statements`` on ``url``, each committed at once."""
+    with connect(url) as conn:
+        for statement in statements:
+            conn.execute(text(statement))
 
 
 def rows(conn: Connection, sql: str, **params: Any) -> Rows:
@@ -25,7 +39,8 @@ def rows(conn: Connection, sql: str, **params: Any) -> Rows:
 
 def sqla_jobs_objects(url: str) -> set[tuple[str, str]]:
     """Every relation (table, index, sequence), constraint and type whose name starts with
-    sqla_jobs, in any schema, as (kind, "schema.name")."""
+    sqla_jobs, in any schema, as (kind, "schema.name"); the version table's aside, and NOT NULL
+    constraints too (PostgreSQL 18 catalogues them, one per column: they go with their table)."""
     with connect(url) as conn:
         return {
             (kind, name)
@@ -34,16 +49,18 @@ def sqla_jobs_objects(url: str) -> set[tuple[str, str]]:
                 r"""
                 SELECT 'class', n.nspname || '.' || c.relname FROM pg_class c
                   JOIN pg_namespace n ON n.oid = c.relnamespace
-                 WHERE c.relname LIKE 'sqla\_jobs%'
+                 WHERE c.relname LIKE 'sqla\_jobs%' AND c.relname NOT LIKE :versions
                 UNION ALL
                 SELECT 'constraint', n.nspname || '.' || k.conname FROM pg_constraint k
                   JOIN pg_namespace n ON n.oid = k.connamespace
-                 WHERE k.conname LIKE 'sqla\_jobs%'
+                 WHERE k.conname LIKE 'sqla\_jobs%' AND k.conname NOT LIKE :versions
+                   AND k.contype <> 'n'
                 UNION ALL
                 SELECT 'type', n.nspname || '.' || t.typname FROM pg_type t
                   JOIN pg_namespace n ON n.oid = t.typnamespace
-                 WHERE t.typname LIKE 'sqla\_jobs%'
+                 WHERE t.typname LIKE 'sqla\_jobs%' AND t.typname NOT LIKE :versions
                 """,
+                versions=_VERSIONS,
             )
         }
 
@@ -65,10 +82,10 @@ def constraint_names(url: str) -> set[str]:
         return {name for (name,) in rows(conn, "SELECT conname FROM pg_constraint")}
 
 
-def version_rows(url: str, schema: str = "public") -> set[str]:
-    """The revisions recorded in ``schema.alembic_version``."""
+def version_rows(url: str, schema: str = "public", table: str = OWN_VERSIONS) -> set[str]:
+    """The revisions recorded in ``schema.table``: by default, sqla-jobs' own environment's."""
     with connect(url) as conn:
-        return {r for (r,) in rows(conn, f'SELECT version_num FROM "{schema}".alembic_version')}
+        return {r for (r,) in rows(conn, f'SELECT version_num FROM "{schema}"."{table}"')}
 
 
 def catalog(conn: Connection, schema: str) -> dict[str, Rows]:
@@ -82,7 +99,10 @@ def catalog(conn: Connection, schema: str) -> dict[str, Rows]:
         }
 
     joined = "pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
-    where = r"n.nspname = :schema AND c.relname LIKE 'sqla\_jobs%'"
+    where = (
+        r"n.nspname = :schema AND c.relname LIKE 'sqla\_jobs%' "
+        rf"AND c.relname NOT LIKE '{_VERSIONS}'"
+    )
     columns = f"""
         SELECT c.relname, a.attnum, a.attname, format_type(a.atttypid, a.atttypmod),
                a.attnotnull, a.attidentity, pg_get_expr(d.adbin, d.adrelid)
@@ -94,11 +114,12 @@ def catalog(conn: Connection, schema: str) -> dict[str, Rows]:
           FROM {joined} JOIN pg_constraint k ON k.conrelid = c.oid WHERE {where}"""
     indexes = r"""
         SELECT tablename, indexname, indexdef FROM pg_indexes
-         WHERE schemaname = :schema AND tablename LIKE 'sqla\_jobs%'"""
+         WHERE schemaname = :schema AND tablename LIKE 'sqla\_jobs%'
+           AND tablename NOT LIKE :versions"""
     return {
         "columns": unqualified(rows(conn, columns, schema=schema)),
         "constraints": rows(conn, constraints, schema=schema),
-        "indexes": unqualified(rows(conn, indexes, schema=schema)),
+        "indexes": unqualified(rows(conn, indexes, schema=schema, versions=_VERSIONS)),
         "relations": rows(
             conn, f"SELECT c.relname, c.relkind FROM {joined} WHERE {where}", schema=schema
         ),

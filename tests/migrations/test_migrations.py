@@ -12,7 +12,6 @@ import io
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from alembic import command
@@ -27,6 +26,8 @@ import sqla_jobs
 from sqla_jobs._db import sqlalchemy_url
 from tests.conftest import alembic_config, create_database, drop_database
 from tests.migrations._catalog import (
+    OWN_VERSIONS,
+    SHARED_VERSIONS,
     Rows,
     catalog,
     connect,
@@ -53,7 +54,7 @@ MODEL_COPY = "model_copy"
 #: Nothing listens here: a command that tried to connect would fail.
 UNREACHABLE_URL = "postgresql://nobody@127.0.0.1:1/nowhere"
 #: The newest shipped revision.
-HEAD = "sqla_jobs_0006"
+HEAD = "sqla_jobs_0007"
 
 
 @pytest.fixture
@@ -102,6 +103,7 @@ def test_upgrade_head_creates_tables_partial_indexes_checks_and_storage_paramete
         "sqla_jobs_queue",
         "sqla_jobs_schedule",
         "sqla_jobs_worker",
+        "sqla_jobs_throughput",
     }
     indexes = {name: definition for _, name, definition in found["indexes"]}
     # Unique jobs: one job per key among those in a state that counts for it, nothing else.
@@ -186,6 +188,40 @@ def test_0006_adds_only_the_worker_registry_and_its_downgrade_removes_only_that(
     command.downgrade(cfg, "sqla_jobs_0005")
     assert sqla_jobs_objects(scratch_url) == before
     assert version_rows(scratch_url) == {"sqla_jobs_0005"}
+    command.upgrade(cfg, "sqla_jobs_0006")
+    assert sqla_jobs_objects(scratch_url) - before == added
+    assert version_rows(scratch_url) == {"sqla_jobs_0006"}
+
+
+def test_0007_adds_only_the_throughput_table_and_its_downgrade_removes_only_that(
+    scratch_url: str,
+) -> None:
+    """0006 -> 0007 -> 0006 -> 0007: the per-minute throughput table (and its primary key) comes
+    and goes; nothing else in the database changes, and its counters default to zero."""
+    cfg = alembic_config(scratch_url)
+    command.upgrade(cfg, "sqla_jobs_0006")
+    before = sqla_jobs_objects(scratch_url)
+    command.upgrade(cfg, "sqla_jobs_0007")
+    added = sqla_jobs_objects(scratch_url) - before
+    assert added == {
+        ("class", "public.sqla_jobs_throughput"),
+        ("class", "public.sqla_jobs_throughput_pkey"),
+        ("constraint", "public.sqla_jobs_throughput_pkey"),
+        ("type", "public.sqla_jobs_throughput"),
+    }
+    with connect(scratch_url) as conn:
+        conn.execute(
+            text(
+                "INSERT INTO sqla_jobs_throughput (minute, queue, kind, completed) "
+                "VALUES (date_trunc('minute', now()), 'q', 'k', 1)"
+            )
+        )
+        row = conn.execute(text("SELECT failed, runs, run_seconds FROM sqla_jobs_throughput")).one()
+        assert tuple(row) == (0, 0, 0.0)
+
+    command.downgrade(cfg, "sqla_jobs_0006")
+    assert sqla_jobs_objects(scratch_url) == before
+    assert version_rows(scratch_url) == {"sqla_jobs_0006"}
     command.upgrade(cfg, "head")
     assert sqla_jobs_objects(scratch_url) - before == added
     assert version_rows(scratch_url) == {HEAD}
@@ -226,13 +262,11 @@ def test_autogenerate_finds_no_difference_between_model_and_migrations(scratch_u
     command.upgrade(alembic_config(scratch_url), "head")
 
     with connect(scratch_url) as conn:
-        diff = compare_metadata(MigrationContext.configure(conn), sqla_jobs.metadata)
+        # Autogenerate leaves out the version table of the context, as in a real environment.
+        context = MigrationContext.configure(conn, opts={"version_table": OWN_VERSIONS})
+        diff = compare_metadata(context, sqla_jobs.metadata)
 
-    def is_alembic_version(change: Any) -> bool:
-        table = change[1] if isinstance(change, tuple) else None
-        return getattr(table, "name", None) == "alembic_version"
-
-    assert [c for c in diff if not is_alembic_version(c)] == []
+    assert diff == []
 
 
 def test_partial_index_predicates_of_model_and_migrations_are_equal(scratch_url: str) -> None:
@@ -323,9 +357,9 @@ def test_upgrade_sql_renders_plain_ddl_without_connecting() -> None:
         re.MULTILINE,
     )
     assert "ALTER TABLE sqla_jobs_job SET (autovacuum_vacuum_scale_factor = 0.02" in sql
-    assert "INSERT INTO alembic_version (version_num) VALUES ('sqla_jobs_0001')" in sql
+    assert "INSERT INTO sqla_jobs_alembic_version (version_num) VALUES ('sqla_jobs_0001')" in sql
     assert "ALTER TABLE sqla_jobs_job SET (fillfactor = 70)" in sql
-    assert f"UPDATE alembic_version SET version_num='{HEAD}'" in sql
+    assert f"UPDATE sqla_jobs_alembic_version SET version_num='{HEAD}'" in sql
 
 
 def test_rendered_sql_applied_by_hand_builds_the_same_schema_as_online_upgrade(
@@ -348,7 +382,7 @@ def test_schema_option_refuses_a_name_that_is_not_a_plain_identifier() -> None:
 def test_sql_rendered_for_a_schema_leaves_the_database_where_online_upgrade_expects_it(
     scratch_url: str,
 ) -> None:
-    """The rendered script keeps alembic_version in the chosen schema, as online mode does, so
+    """The rendered script keeps the version table in the chosen schema, as online mode does, so
     a later online upgrade sees it as applied instead of creating the tables again."""
     with connect(scratch_url) as conn:
         conn.execute(text(f"CREATE SCHEMA {SCHEMA}"))
@@ -387,7 +421,8 @@ def test_schema_option_puts_every_object_in_that_schema_and_downgrade_removes_th
         f"{SCHEMA}.sqla_jobs_queue",
         f"{SCHEMA}.sqla_jobs_schedule",
         f"{SCHEMA}.sqla_jobs_worker",
-        f"{SCHEMA}.alembic_version",
+        f"{SCHEMA}.sqla_jobs_throughput",
+        f"{SCHEMA}.sqla_jobs_alembic_version",
     }
     with connect(scratch_url) as conn:
         storage = dict(catalog(conn, SCHEMA)["storage"])
@@ -396,7 +431,7 @@ def test_schema_option_puts_every_object_in_that_schema_and_downgrade_removes_th
     command.downgrade(cfg, "base")
 
     assert sqla_jobs_objects(scratch_url) == set()
-    assert tables(scratch_url) == {f"{SCHEMA}.alembic_version"}
+    assert tables(scratch_url) == {f"{SCHEMA}.sqla_jobs_alembic_version"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,9 +456,10 @@ def test_user_recipe_upgrades_heads_autogenerates_nothing_and_downgrades_only_sq
         "public.sqla_jobs_queue",
         "public.sqla_jobs_schedule",
         "public.sqla_jobs_worker",
+        "public.sqla_jobs_throughput",
         "public.alembic_version",
     }
-    assert version_rows(scratch_url) == {"myapp_0001", HEAD}
+    assert version_rows(scratch_url, table=SHARED_VERSIONS) == {"myapp_0001", HEAD}
     names = constraint_names(scratch_url)
     assert names >= OUR_CONSTRAINTS
     assert names >= {"pk_invoice", "ck_invoice_amount_not_negative"}
@@ -447,7 +483,7 @@ def test_user_recipe_upgrades_heads_autogenerates_nothing_and_downgrades_only_sq
 
     assert sqla_jobs_objects(scratch_url) == set()
     assert tables(scratch_url) == {"public.invoice", "public.alembic_version"}
-    assert version_rows(scratch_url) == {"myapp_0001"}
+    assert version_rows(scratch_url, table=SHARED_VERSIONS) == {"myapp_0001"}
 
 
 def test_without_sqla_jobs_metadata_in_target_metadata_autogenerate_would_drop_the_job_table(
@@ -508,6 +544,7 @@ def test_user_recipe_with_sqla_jobs_schema_in_alembic_ini_keeps_our_tables_in_th
         f"{SCHEMA}.sqla_jobs_queue",
         f"{SCHEMA}.sqla_jobs_schedule",
         f"{SCHEMA}.sqla_jobs_worker",
+        f"{SCHEMA}.sqla_jobs_throughput",
     }
     # Listed, the schema-less sqla_jobs tables look missing from the default schema.
     assert "op.create_table('sqla_jobs_job'" in autogenerate(ini, "listed")["upgrade"]

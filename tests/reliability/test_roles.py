@@ -244,11 +244,12 @@ def test_schema_owner_runs_the_migrations_without_superuser(
     assert superuser is False
     assert owners == dict.fromkeys(
         (
-            "alembic_version",
+            "sqla_jobs_alembic_version",
             "sqla_jobs_history",
             "sqla_jobs_job",
             "sqla_jobs_queue",
             "sqla_jobs_schedule",
+            "sqla_jobs_throughput",
             "sqla_jobs_worker",
         ),
         roles.name("owner"),
@@ -466,6 +467,10 @@ def run_worker_as(roles: Roles, engine: Engine, role: str) -> dict[str, Any]:
         wait_for(lambda: count(engine, f"SELECT count(*) FROM {table}") == 0, "all written")
     assert worker.reaper is not None
     assert worker.monitor.registry.enabled, "the registry was refused"
+    assert worker.monitor.tally is not None
+    assert worker.monitor.tally.enabled, "the throughput counts were refused"
+    done = f"SELECT coalesce(sum(completed), 0) FROM {roles.schema}.sqla_jobs_throughput"
+    assert count(engine, done) >= 5, "the worker's role wrote its throughput"
     assert count(engine, f"SELECT count(*) FROM {registry} WHERE name = '{worker.name}'") == 0
     with engine.connect() as conn:
         history = dict(
@@ -554,6 +559,7 @@ def test_reader_runs_sqla_jobs_stats_but_cannot_write(
         refused(execute_as(reader, f"UPDATE {table} SET state = 'dead'")),
         refused(execute_as(reader, f"DELETE FROM {table}")),
         refused(execute_as(reader, f"DELETE FROM {roles.schema}.sqla_jobs_worker")),
+        refused(execute_as(reader, f"DELETE FROM {roles.schema}.sqla_jobs_throughput")),
     ]
 
     def enqueue() -> None:
@@ -691,8 +697,12 @@ def test_operator_retries_cancels_and_pauses_but_cannot_enqueue(
         refused(execute_as(operator, f"TRUNCATE {table}")),
         refused(execute_as(operator, f"DELETE FROM {roles.schema}.sqla_jobs_worker")),
     ]
-    # The live workers: read, never written.
+    # The live workers and the throughput counts (the dashboard): read, never written.
     assert count(operator, f"SELECT count(*) FROM {roles.schema}.sqla_jobs_worker") >= 0
+    assert count(operator, f"SELECT count(*) FROM {roles.schema}.sqla_jobs_throughput") >= 0
+    messages.append(
+        refused(execute_as(operator, f"DELETE FROM {roles.schema}.sqla_jobs_throughput"))
+    )
     # Prune: finished jobs and history rows, by DELETE.
     execute_as(operator, f"DELETE FROM {table} WHERE state = 'cancelled'")()
     execute_as(operator, f"DELETE FROM {roles.schema}.sqla_jobs_history")()

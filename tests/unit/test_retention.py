@@ -44,13 +44,17 @@ def test_the_default_retention_is_a_day_for_completed_and_cancelled_a_week_for_d
         "dead": timedelta(days=7),
         "cancelled": timedelta(hours=24),
     }
+    assert Retention().throughput == timedelta(hours=24)
     assert Retention().prunes
-    assert not Retention(completed=None, dead=None, cancelled=None).prunes
+    # The per-minute throughput counts alone still need a pruner.
+    assert Retention(completed=None, dead=None, cancelled=None).prunes
+    assert not Retention(completed=None, dead=None, cancelled=None, throughput=None).prunes
 
 
-def test_a_negative_retention_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"Retention\.dead"):
-        Retention(dead=timedelta(seconds=-1))
+@pytest.mark.parametrize("field", ["dead", "throughput"])
+def test_a_negative_retention_is_refused(field: str) -> None:
+    with pytest.raises(ValueError, match=rf"Retention\.{field}"):
+        Retention(**{field: timedelta(seconds=-1)})  # type: ignore[arg-type]
 
 
 def test_format_duration_writes_the_defaults_as_the_readme_does() -> None:

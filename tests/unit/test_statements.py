@@ -43,6 +43,7 @@ KNOWN = {
     "oldest_transaction",
     "find_job_tables",
     "list_jobs",
+    "list_jobs_page",
     "list_queue_states",
     "stats_by_kind",
     "prune_jobs",

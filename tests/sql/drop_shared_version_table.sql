@@ -1,0 +1,2 @@
+
+DROP TABLE alembic_version

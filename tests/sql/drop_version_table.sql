@@ -1,0 +1,2 @@
+
+DROP TABLE sqla_jobs_alembic_version

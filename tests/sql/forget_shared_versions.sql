@@ -1,0 +1,1 @@
+DELETE FROM alembic_version WHERE alembic_version.version_num = any(%(revisions)s::TEXT[])

@@ -1,0 +1,3 @@
+SELECT sqla_jobs_throughput.minute, sqla_jobs_throughput.queue, sqla_jobs_throughput.kind, sqla_jobs_throughput.completed, sqla_jobs_throughput.failed, sqla_jobs_throughput.dead, sqla_jobs_throughput.cancelled, sqla_jobs_throughput.snoozed, sqla_jobs_throughput.crashed, sqla_jobs_throughput.runs, sqla_jobs_throughput.run_seconds, sqla_jobs_throughput.pickups, sqla_jobs_throughput.pickup_seconds 
+FROM sqla_jobs_throughput 
+WHERE sqla_jobs_throughput.minute >= date_trunc('minute', now()) - (%(minutes)s::INTEGER - 1) * interval '1 minute' AND (%(queue)s::VARCHAR IS NULL OR sqla_jobs_throughput.queue = %(queue)s::VARCHAR) ORDER BY sqla_jobs_throughput.minute, sqla_jobs_throughput.queue, sqla_jobs_throughput.kind
