@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import psycopg
@@ -37,6 +39,24 @@ class CLIError(Exception):
     def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
         super().__init__(message)
         self.code = code
+
+
+#: A reStructuredText role, such as ``:class:`~sqla_jobs.Jobs```.
+_RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+
+
+def plain_text(rst: str) -> str:
+    """Docstring prose (reStructuredText) as the plain text of ``--help``: a role and a literal
+    keep only their text, so ``:class:`~sqla_jobs.Jobs``` reads sqla_jobs.Jobs."""
+    return _RST_ROLE.sub(r"\1", rst).replace("``", "")
+
+
+def package_version() -> str:
+    """The installed distribution's version (what ``sqla-jobs --version`` prints)."""
+    try:
+        return version("sqla-jobs")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "(not installed)"
 
 
 def env(name: str, default: str | None = None) -> str | None:

@@ -10,7 +10,8 @@ same transaction, so a handler sees the rows the test wrote, and nothing is left
 Fixtures (override any of them in your ``conftest.py``):
 
 - ``sqla_jobs_database_url`` (session): the ``sqla_jobs_database_url`` ini option, else
-  ``$DATABASE_URL``. The database must be migrated (``alembic upgrade head``).
+  ``$DATABASE_URL``. The database must be migrated (``alembic upgrade heads`` or
+  ``sqla-jobs migrate``).
 - ``sqla_jobs_engine`` (session): an ``Engine`` on it; override it to use your own.
 - ``sqla_jobs_connection``: the test's connection, inside the outer transaction.
 - ``sqla_jobs_session``: a ``Session`` joined to it.

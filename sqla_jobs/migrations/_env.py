@@ -1,8 +1,10 @@
 """The Alembic environment that runs sqla-jobs' shipped revisions.
 
 Used by ``sqla-jobs migrate`` (script_location ``sqla_jobs:migrations``) and by this repository's
-``alembic/env.py``. The database comes from ``sqlalchemy.url`` in the config, else ``DATABASE_URL``;
-a program may hand in a connection as ``config.attributes["connection"]``.
+``alembic/env.py``. Both record the revisions in ``sqla_jobs_alembic_version``
+(:data:`~sqla_jobs.model.VERSION_TABLE`), in the schema of the tables. The database
+comes from ``sqlalchemy.url`` in the config, else ``DATABASE_URL``; a program may hand in a
+connection as ``config.attributes["connection"]``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from sqla_jobs._db import ENV_VAR, sqlalchemy_url
 from sqla_jobs.migrations.schema import migration_schema
-from sqla_jobs.model import metadata
+from sqla_jobs.model import VERSION_TABLE, metadata
 
 
 def _url() -> str:
@@ -31,6 +33,7 @@ def _run_offline() -> None:
         target_metadata=metadata,
         literal_binds=True,
         dialect_opts={"paramstyle": "named"},
+        version_table=VERSION_TABLE,
         version_table_schema=migration_schema(),
     )
     with context.begin_transaction():
@@ -51,6 +54,7 @@ def _run(connection: Connection) -> None:
     context.configure(
         connection=connection,
         target_metadata=metadata,
+        version_table=VERSION_TABLE,
         version_table_schema=migration_schema(),
     )
     with context.begin_transaction():

@@ -1409,7 +1409,7 @@ def test_enqueue_async_refuses_bad_input_and_keeps_the_transaction_usable(
 
 @pytest.fixture
 def alt_schema(clean: Engine, migrated_url: str) -> Iterator[str]:
-    """The migrations run into schema ``sqla_jobs_alt`` (its own alembic_version included);
+    """The migrations run into schema ``sqla_jobs_alt`` (their version table included);
     dropped afterwards."""
     with clean.begin() as conn:
         conn.execute(text(f'DROP SCHEMA IF EXISTS "{ALT_SCHEMA}" CASCADE'))

@@ -1,24 +1,23 @@
 """A user's own project with its own Alembic environment, built the way docs/migrations.md says.
 
 The project is what ``alembic init migrations`` generates, plus the recipe's edits: two
-version_locations in alembic.ini and ``target_metadata`` in env.py. It has its own model (an
-``invoice`` table on its own MetaData and naming convention) and its own first revision on a
-branch labelled ``myapp``. Commands run as ``python -m alembic`` subprocesses in the project.
+version_locations in alembic.ini and ``target_metadata`` in env.py. :func:`make_user_project` is
+an existing project: its own model (an ``invoice`` table on its own MetaData and naming
+convention) and its own first revision on a branch labelled ``myapp``. :func:`make_new_project`
+is a new one: a model (``orders``) and no revision yet. Commands run as ``python -m alembic``
+subprocesses in the project.
 """
 
 from __future__ import annotations
 
-import ast
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import sqla_jobs
 from sqla_jobs._db import sqlalchemy_url
-
-PACKAGE_VERSIONS = Path(sqla_jobs.__file__).parent / "migrations" / "versions"
+from tests.migrations._revision_files import Revision, package_untouched, read_revision
 
 #: The naming convention from SQLAlchemy's documentation. Its "ck" uses %(constraint_name)s, so it
 #: renames every check constraint whose name is not final (not wrapped in op.f()).
@@ -87,6 +86,23 @@ def downgrade() -> None:
     op.drop_table("invoice")
 '''
 
+#: A new project's model: one table, no naming convention (what ``alembic init`` users start with).
+NEW_PROJECT_MODEL = """\
+from sqlalchemy import Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Order(Base):
+    __tablename__ = "orders"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    customer: Mapped[str] = mapped_column(Text)
+"""
+
 #: The recipe's env.py line.
 RECIPE_TARGET_METADATA = "[Base.metadata, sqla_jobs.metadata]"
 #: The recipe's alembic.ini lines, and the form for a project path that contains spaces.
@@ -96,6 +112,8 @@ VERSION_LOCATIONS = {
     "    %(here)s/migrations/versions\n"
     "    sqla_jobs:migrations/versions\n",
 }
+#: An environment that leaves sqla-jobs' revisions to ``sqla-jobs migrate``.
+OWN_LOCATION_ONLY = "version_locations = %(here)s/migrations/versions\n"
 #: Names the sqla_jobs revision gives its constraints; no naming convention may change them.
 OUR_CONSTRAINTS = {
     "sqla_jobs_job_pkey",
@@ -149,25 +167,68 @@ def make_user_project(
 ) -> Path:
     """Copy what ``alembic init`` wrote into ``root``, apply the recipe, add the user's model and
     first revision, and point sqlalchemy.url at ``url``. Returns the project's alembic.ini."""
+    ini = start_project(init_output, root, url, USER_MODEL.format(convention=convention))
+    apply_recipe(ini, separator=separator, target_metadata=target_metadata, extra_ini=extra_ini)
+    (root / "migrations" / "versions" / "myapp_0001_invoice.py").write_text(USER_REVISION)
+    return ini
+
+
+def make_new_project(init_output: Path, root: Path, url: str) -> Path:
+    """A new project: ``alembic init``'s output with the recipe applied, a model
+    (:data:`NEW_PROJECT_MODEL`), sqlalchemy.url set to ``url``, and no revision of its own."""
+    ini = start_project(init_output, root, url, NEW_PROJECT_MODEL)
+    apply_recipe(ini)
+    return ini
+
+
+def start_project(init_output: Path, root: Path, url: str, model: str) -> Path:
+    """Copy what ``alembic init`` wrote into ``root``, point sqlalchemy.url at ``url`` and write
+    ``model`` as myapp/models.py; sqla-jobs is not in it yet. Returns its alembic.ini."""
     shutil.copytree(init_output, root, dirs_exist_ok=True)
     ini = root / "alembic.ini"
+    ini.write_text(
+        _replace_once(
+            ini.read_text(),
+            "sqlalchemy.url = driver://user:pass@localhost/dbname",
+            "sqlalchemy.url = " + sqlalchemy_url(url).replace("%", "%%"),
+        )
+    )
+    (root / "myapp").mkdir()
+    (root / "myapp" / "__init__.py").write_text("")
+    (root / "myapp" / "models.py").write_text(model)
+    return ini
+
+
+def apply_recipe(
+    ini: Path,
+    *,
+    separator: str = "space",
+    target_metadata: str = RECIPE_TARGET_METADATA,
+    extra_ini: str = "",
+    sqla_jobs_versions: bool = True,
+) -> None:
+    """The recipe's edits to alembic.ini (version_locations, path_separator) and env.py
+    (target_metadata). ``sqla_jobs_versions=False``: an environment that leaves sqla-jobs'
+    revisions to ``sqla-jobs migrate`` (its own location only)."""
     source = ini.read_text()
     location = "script_location = %(here)s/migrations\n"
-    source = _replace_once(source, location, location + VERSION_LOCATIONS[separator] + extra_ini)
+    locations = VERSION_LOCATIONS[separator] if sqla_jobs_versions else OWN_LOCATION_ONLY
+    source = _replace_once(source, location, location + locations + extra_ini)
     source = _replace_once(source, "\npath_separator = os\n", f"\npath_separator = {separator}\n")
-    source = _replace_once(
-        source,
-        "sqlalchemy.url = driver://user:pass@localhost/dbname",
-        "sqlalchemy.url = " + sqlalchemy_url(url).replace("%", "%%"),
-    )
     ini.write_text(source)
     set_target_metadata(ini, target_metadata)
 
-    (root / "myapp").mkdir()
-    (root / "myapp" / "__init__.py").write_text("")
-    (root / "myapp" / "models.py").write_text(USER_MODEL.format(convention=convention))
-    (root / "migrations" / "versions" / "myapp_0001_invoice.py").write_text(USER_REVISION)
-    return ini
+
+def drop_sqla_jobs_versions(ini: Path) -> None:
+    """Take ``sqla_jobs:migrations/versions`` out of the project's version_locations."""
+    source = ini.read_text()
+    ini.write_text(_replace_once(source, VERSION_LOCATIONS["space"], OWN_LOCATION_ONLY))
+
+
+def add_sqla_jobs_versions(ini: Path) -> None:
+    """Put ``sqla_jobs:migrations/versions`` into the project's version_locations."""
+    source = ini.read_text()
+    ini.write_text(_replace_once(source, OWN_LOCATION_ONLY, VERSION_LOCATIONS["space"]))
 
 
 def set_target_metadata(ini: Path, expression: str) -> None:
@@ -209,34 +270,25 @@ def skip_sqla_jobs_tables(ini: Path) -> None:
     env.write_text(source)
 
 
+def new_revision(ini: Path, *args: str) -> Revision:
+    """Run ``alembic ARGS`` (a ``revision`` command) and return the one revision it wrote into the
+    project's own versions folder; fails if it wrote into the installed package instead."""
+    versions = ini.parent / "migrations" / "versions"
+    before = set(versions.glob("*.py"))
+    with package_untouched():
+        alembic(ini, *args)
+    written = set(versions.glob("*.py")) - before
+    assert len(written) == 1, f"alembic {' '.join(args)} wrote {sorted(written)} in {versions}"
+    return read_revision(written.pop())
+
+
 def autogenerate(ini: Path, message: str) -> dict[str, str]:
     """``alembic revision --autogenerate -m MESSAGE --head=myapp@head``. Asserts the revision was
     written to the user's versions directory on top of myapp_0001 (never into the installed
     package); returns its upgrade() and downgrade() bodies without docstring and comments."""
-    shipped = sorted(PACKAGE_VERSIONS.iterdir())
-    alembic(ini, "revision", "--autogenerate", "-m", message, "--head=myapp@head")
-    assert sorted(PACKAGE_VERSIONS.iterdir()) == shipped
-    (path,) = (ini.parent / "migrations" / "versions").glob(f"*_{message}.py")
-    module = ast.parse(path.read_text())
-    (down_revision,) = (
-        node.value
-        for node in module.body
-        if isinstance(node, ast.AnnAssign)
-        and isinstance(node.target, ast.Name)
-        and node.target.id == "down_revision"
-    )
-    assert isinstance(down_revision, ast.Constant)
-    assert down_revision.value == "myapp_0001"
-    bodies = {}
-    for node in module.body:
-        if isinstance(node, ast.FunctionDef) and node.name in ("upgrade", "downgrade"):
-            statements = [
-                s
-                for s in node.body
-                if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
-            ]
-            bodies[node.name] = "\n".join(ast.unparse(s) for s in statements)
-    return bodies
+    written = new_revision(ini, "revision", "--autogenerate", "-m", message, "--head=myapp@head")
+    assert written.down_revision == "myapp_0001"
+    return {"upgrade": written.upgrade, "downgrade": written.downgrade}
 
 
 def discard_revision(ini: Path, message: str) -> None:
