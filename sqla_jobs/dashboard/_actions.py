@@ -1,0 +1,182 @@
+"""The actions: retry, delete and cancel jobs, pause and resume a queue. Each is a POST that
+passes the CSRF check (:mod:`._csrf`), runs one call of the operations API (``jobs.retry``,
+``jobs.delete``, ``jobs.cancel``, ``jobs.pause_queue``, ``jobs.resume_queue``) in a transaction
+of its own, and redirects back (303) with a flash saying what changed.
+
+A refused operation (``OperationError``: an unknown id, a job in the wrong state, a unique key
+taken) changes nothing, since the API checks before its first write; so does a database role
+without the privilege (docs/roles.md: the operator role has them). Both become the flash, never
+an error page. A read-only dashboard answers every one of these with 403 before reading anything.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from psycopg import errors as pg_errors
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import FormData
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from .._cli_ops import said
+from ..errors import OperationError
+from . import _reads
+from ._csrf import FIELD
+from ._flash import Flash
+from ._render import Dashboard, link
+from ._security import USER_KEY
+
+log = logging.getLogger("sqla_jobs.dashboard")
+
+JOB_VERBS = ("retry", "delete", "cancel")
+QUEUE_VERBS = ("pause", "resume")
+#: The most jobs one form may name (a page of the listing holds fewer).
+MAX_IDS = 1000
+
+
+def _next(form: FormData) -> str:
+    """Where to go back to: a path of this app from the form, else the queues page. Never
+    another site: the value must be a path (``/...``), not ``//host`` nor a URL."""
+    value = form.get("next")
+    if not isinstance(value, str) or not value.startswith("/") or value.startswith("//"):
+        return "/"
+    if "\\" in value or any(ord(c) < 32 for c in value):
+        return "/"
+    return value
+
+
+def _ids(form: FormData) -> list[int]:
+    """The jobs a form names: the row's button (``job``), else the ticked boxes (``ids``)."""
+    one = form.get("job")
+    values = [one] if one else form.getlist("ids")
+    if not values:
+        raise _reads.BadRequest("no job selected: tick the jobs first")
+    if len(values) > MAX_IDS:
+        raise _reads.BadRequest(f"too many jobs at once: at most {MAX_IDS}")
+    return [_reads.job_id(v) for v in values]
+
+
+def _cancelled(result: Any) -> str:
+    parts = []
+    if result.cancelled:
+        parts.append(said("cancelled", result.cancelled, "pending job"))
+    if result.requested:
+        parts.append(
+            said("asked the workers to stop", result.requested, "running job")
+            + " (they end cancelled when their handlers stop)"
+        )
+    return "; ".join(parts) or "nothing to cancel"
+
+
+class Actions:
+    """The POST endpoints of one dashboard."""
+
+    def __init__(self, dash: Dashboard) -> None:
+        self.dash = dash
+
+    async def jobs(self, request: Request) -> Response:
+        verb = request.path_params["verb"]
+        if verb not in JOB_VERBS:
+            raise HTTPException(404)
+        jobs = self.dash.jobs
+
+        def operation(form: FormData) -> Callable[[Session], str]:
+            ids = _ids(form)
+            if verb == "retry":
+                return lambda s: said("retried", jobs.retry(s, ids))
+            if verb == "delete":
+                return lambda s: said("deleted", jobs.delete(s, ids))
+            return lambda s: _cancelled(jobs.cancel(s, ids))
+
+        return await self._perform(request, verb, operation)
+
+    async def queue(self, request: Request) -> Response:
+        verb = request.path_params["verb"]
+        if verb not in QUEUE_VERBS:
+            raise HTTPException(404)
+        jobs = self.dash.jobs
+
+        def operation(form: FormData) -> Callable[[Session], str]:
+            queue = _reads.name("queue", request.path_params["queue"])
+            assert queue is not None  # the route's path has one
+
+            def run(session: Session) -> str:
+                if verb == "pause":
+                    jobs.pause_queue(session, queue)
+                    return (
+                        f"paused queue {queue}: workers claim none of its jobs until it is resumed"
+                    )
+                jobs.resume_queue(session, queue)
+                return f"resumed queue {queue}"
+
+            return run
+
+        return await self._perform(request, verb, operation)
+
+    async def _perform(
+        self,
+        request: Request,
+        verb: str,
+        operation: Callable[[FormData], Callable[[Session], str]],
+    ) -> Response:
+        if self.dash.read_only:
+            return self._refuse(request, verb, "this dashboard is read-only", "")
+        form = await request.form()
+        refusal = self.dash.csrf.refusal(request, form.get(FIELD))
+        if refusal is not None:
+            return self._refuse(request, verb, refusal, " Reload the page and try again.")
+        try:
+            run = operation(form)
+        except _reads.BadRequest as exc:
+            flash = Flash("error", f"{verb}: {exc}: nothing changed")
+        else:
+            flash = await run_in_threadpool(self._run, request, verb, run)
+        response = RedirectResponse(link(request, _next(form)), status_code=303)
+        self.dash.flashes.put(request, response, flash)
+        return response
+
+    def _run(self, request: Request, verb: str, run: Callable[[Session], str]) -> Flash:
+        user = request.scope.get(USER_KEY) or "-"
+        try:
+            with self.dash.session() as session, session.begin():
+                done = run(session)
+        except OperationError as exc:
+            log.info(
+                "%s refused: %s (user %s)", verb, exc, user, extra={"event": "dashboard_refused"}
+            )
+            return Flash("error", str(exc))
+        except DBAPIError as exc:
+            if not isinstance(exc.orig, pg_errors.InsufficientPrivilege):
+                raise
+            first = str(exc.orig).strip().splitlines()[0]
+            log.warning(
+                "%s refused by the database: %s (user %s)",
+                verb,
+                first,
+                user,
+                extra={"event": "dashboard_refused"},
+            )
+            return Flash(
+                "error",
+                f"{verb}: the dashboard's database role may not do this ({first}): connect it as "
+                "the operator role of docs/roles.md, or run it read-only. Nothing changed.",
+            )
+        log.info("%s (user %s)", done, user, extra={"event": f"dashboard_{verb}"})
+        return Flash("ok", done)
+
+    def _refuse(self, request: Request, verb: str, why: str, hint: str) -> Response:
+        log.warning(
+            "%s %s refused: %s", request.method, verb, why, extra={"event": "dashboard_refused"}
+        )
+        return self.dash.page(
+            request,
+            "message.html",
+            {"heading": "Refused", "text": f"Nothing changed: {why}.{hint}"},
+            status=403,
+        )

@@ -1,0 +1,155 @@
+"""The dashboard's ASGI app: its routes, its middleware and its error pages."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+from collections.abc import AsyncIterator
+
+from psycopg import errors as pg_errors
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.exc import DBAPIError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .._db import sqlalchemy_url
+from ..errors import ConfigurationError
+from ..jobs import Jobs
+from ._actions import Actions
+from ._csrf import Csrf
+from ._flash import Flashes
+from ._pages import Pages
+from ._reads import BadRequest
+from ._render import Dashboard, environment
+from ._security import BasicAuth, SecurityHeaders
+
+log = logging.getLogger("sqla_jobs.dashboard")
+_UNDEFINED_TABLE = "42P01"
+
+
+def create_app(
+    url_or_engine: str | Engine,
+    *,
+    jobs: Jobs | None = None,
+    read_only: bool = False,
+    show_payload: bool = False,
+    credentials: tuple[str, str] | None = None,
+    title: str = "sqla-jobs",
+    secret: str | bytes | None = None,
+) -> Starlette:
+    """The dashboard as an ASGI app: serve it (``sqla-jobs dashboard``, any ASGI server) or mount
+    it in a Starlette or FastAPI application, behind that application's own authentication.
+
+    ``url_or_engine``: a database URL (the app makes its engine, and disposes of it at shutdown)
+    or an ``Engine``. Connect as the operator role of docs/roles.md, or as the reader role with
+    ``read_only=True``: then no action is shown and every POST is refused (403). ``jobs``: the
+    application's ``Jobs`` (for its ``schema``; default ``Jobs()``). Payloads, and the results of
+    durable steps, appear only with ``show_payload=True``. ``credentials``: a user and password
+    that every request must send (HTTP Basic); leave it None when the application in front
+    authenticates. ``secret``: the key of the CSRF tokens and flash cookies; default a random one
+    per app, so set one when several processes serve the same dashboard behind a balancer.
+
+    Every state-changing request is a POST with a CSRF token; every response forbids framing,
+    scripts and caching. Nothing is logged but the actions taken and refused (never a payload,
+    a token or a password).
+    """
+    if credentials is not None:
+        user, password = credentials
+        if not user or not password or ":" in user:
+            raise ConfigurationError(
+                "dashboard credentials need a user (without ':') and a non-empty password"
+            )
+    if isinstance(url_or_engine, Engine):
+        engine, owns_engine = url_or_engine, False
+    else:
+        engine = create_engine(sqlalchemy_url(url_or_engine), pool_pre_ping=True, pool_size=4)
+        owns_engine = True
+    if secret is None:
+        key = secrets.token_bytes(32)
+    else:
+        key = secret.encode() if isinstance(secret, str) else secret
+        if len(key) < 16:
+            raise ConfigurationError("the dashboard's secret must be at least 16 bytes long")
+    dash = Dashboard(
+        engine=engine,
+        # Not `jobs or Jobs()`: a Jobs without kinds (the CLI's) is falsy.
+        jobs=jobs if jobs is not None else Jobs(),
+        read_only=read_only,
+        show_payload=show_payload,
+        title=title,
+        csrf=Csrf(key),
+        flashes=Flashes(key),
+        templates=environment(),
+        owns_engine=owns_engine,
+    )
+    pages, actions = Pages(dash), Actions(dash)
+    routes = [
+        Route("/", pages.queues, name="queues"),
+        Route("/jobs", pages.jobs, name="jobs"),
+        Route("/jobs/{job_id:int}", pages.job, name="job"),
+        Route("/search", pages.search, name="search"),
+        Route("/workers", pages.workers, name="workers"),
+        Route("/throughput", pages.throughput, name="throughput"),
+        Route("/static/dashboard.css", pages.css, name="css"),
+        Route("/jobs/{verb:str}", actions.jobs, methods=["POST"], name="job_action"),
+        Route(
+            "/queues/{queue:str}/{verb:str}", actions.queue, methods=["POST"], name="queue_action"
+        ),
+    ]
+    middleware = [Middleware(SecurityHeaders)]
+    if credentials is not None:
+        middleware.append(Middleware(BasicAuth, user=credentials[0], password=credentials[1]))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        if dash.owns_engine:
+            dash.engine.dispose()
+
+    def bad_request(request: Request, exc: Exception) -> Response:
+        return dash.page(
+            request, "message.html", {"heading": "Bad request", "text": str(exc)}, status=400
+        )
+
+    def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return dash.page(
+            request,
+            "message.html",
+            {"heading": exc.detail, "text": "There is no such page here."},
+            status=exc.status_code,
+        )
+
+    def database_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, DBAPIError)
+        first = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else "?"
+        if isinstance(exc.orig, pg_errors.InsufficientPrivilege):
+            heading, status = "Permission denied", 403
+            text = (
+                f"The dashboard's database role may not read this ({first}): grant it the reader "
+                "or operator privileges of docs/roles.md."
+            )
+        elif getattr(exc.orig, "sqlstate", None) == _UNDEFINED_TABLE:
+            heading, status = "Not migrated", 503
+            text = f"{first}: run sqla-jobs migrate (or alembic upgrade heads)."
+        else:
+            log.error("database error on %s", request.url.path, exc_info=exc)
+            heading, status = "Database error", 500
+            text = "The database refused the request; the dashboard's log has the details."
+        return dash.page(request, "message.html", {"heading": heading, "text": text}, status=status)
+
+    return Starlette(
+        routes=routes,
+        middleware=middleware,
+        lifespan=lifespan,
+        exception_handlers={
+            BadRequest: bad_request,
+            HTTPException: http_error,
+            DBAPIError: database_error,
+        },
+    )

@@ -1,0 +1,88 @@
+"""Cross-site request forgery: every state-changing request is a POST that carries a token only
+a page of this dashboard can have given it.
+
+Double submit, signed: the browser holds a random value in a cookie (HttpOnly, SameSite=Strict,
+Secure over https), and each form carries the HMAC of that value under the app's secret. A POST
+passes when its form's token is the HMAC of its cookie, compared in constant time. Another site
+can make the browser send the cookie but can neither read it nor compute its HMAC; a cookie
+planted from a sibling domain is useless without the secret. When the browser says where the
+request came from (``Origin``, else ``Referer``), that must be this host as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+from urllib.parse import urlsplit
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+COOKIE = "sqla_jobs_csrf"
+#: The form field that carries the token (never a URL: URLs end up in logs and histories).
+FIELD = "csrf_token"
+_NONCE = re.compile(r"[A-Za-z0-9_-]{43}")
+
+
+class Csrf:
+    """Issues and checks the tokens of one app, under its ``secret``."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def token(self, nonce: str) -> str:
+        """The form token of the cookie value ``nonce``."""
+        return hmac.new(self._secret, b"csrf:" + nonce.encode(), hashlib.sha256).hexdigest()
+
+    def nonce(self, request: Request) -> tuple[str, bool]:
+        """The request's cookie value, or a new one; and whether it is new (to be set)."""
+        found = request.cookies.get(COOKIE, "")
+        if _NONCE.fullmatch(found):
+            return found, False
+        return secrets.token_urlsafe(32), True
+
+    def set_cookie(self, request: Request, response: Response, nonce: str) -> None:
+        """Give the browser ``nonce``, for the app's own paths only."""
+        response.set_cookie(
+            COOKIE,
+            nonce,
+            path=cookie_path(request),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+
+    def refusal(self, request: Request, token: object) -> str | None:
+        """Why a POST with form token ``token`` is refused, or None if it passes."""
+        foreign = _foreign_origin(request)
+        if foreign is not None:
+            return f"the request came from another site ({foreign})"
+        nonce = request.cookies.get(COOKIE, "")
+        if not _NONCE.fullmatch(nonce) or not isinstance(token, str) or not token:
+            return "the form has no valid security token"
+        if not secrets.compare_digest(token, self.token(nonce)):
+            return "the form's security token does not match"
+        return None
+
+
+def cookie_path(request: Request) -> str:
+    """The path the app is served under (where it is mounted), for its cookies."""
+    return str(request.scope.get("root_path") or "") or "/"
+
+
+def _foreign_origin(request: Request) -> str | None:
+    """The origin the browser gave, when it is not this host (``Origin`` first, else the
+    ``Referer``); None when it is this host or the browser gave neither."""
+    host = request.headers.get("host", "").lower()
+    for header in ("origin", "referer"):
+        value = request.headers.get(header)
+        if value is None:
+            continue
+        # "null": a sandboxed frame, a file:// page, a redirect across origins.
+        netloc = "" if value == "null" else urlsplit(value).netloc.lower()
+        if not host or netloc != host:
+            return value if value == "null" else f"{urlsplit(value).scheme}://{netloc}"
+        return None
+    return None

@@ -1,0 +1,169 @@
+"""The pages: every one a GET that reads in one short transaction and changes nothing.
+
+Queues (depth by state, oldest due age, paused or not), jobs by state, queue and kind (paged by
+id), one job, the live workers, and the last hour's throughput. Each endpoint is a plain
+function that Starlette runs in its thread pool, since the Session is a synchronous one.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+from sqlalchemy.exc import ProgrammingError
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from .. import throughput
+from ..model import STATES, Job, JobState
+from . import _chart, _reads, _series
+from ._render import Dashboard, link, seconds
+
+_CSS = (resources.files("sqla_jobs.dashboard") / "static" / "dashboard.css").read_bytes()
+_UNDEFINED_TABLE = "42P01"
+
+
+def actions_for(state: str) -> tuple[str, ...]:
+    """The actions the dashboard offers for a job in ``state``."""
+    if state in (JobState.DEAD.value, JobState.CANCELLED.value):
+        return ("retry", "delete")
+    if state == JobState.COMPLETED.value:
+        return ("delete",)
+    if state in (JobState.PENDING.value, JobState.RUNNING.value):
+        return ("cancel",)
+    return ()
+
+
+class Pages:
+    """The GET endpoints of one dashboard."""
+
+    def __init__(self, dash: Dashboard) -> None:
+        self.dash = dash
+
+    def queues(self, request: Request) -> Response:
+        with self.dash.session() as session, session.begin():
+            queues = _reads.queues(session, self.dash.jobs)
+            kinds = _reads.kinds(session, self.dash.jobs)
+        return self.dash.page(
+            request,
+            "queues.html",
+            {"queues": queues, "kinds": kinds, "states": STATES},
+            nav="queues",
+        )
+
+    def jobs(self, request: Request) -> Response:
+        where = _reads.JobFilter.parse(request.query_params)
+        with self.dash.session() as session, session.begin():
+            rows, older = _reads.job_page(session, self.dash.jobs, where)
+        nav = "jobs"
+        if where.state in ("dead", "running") and not (where.queue or where.kind):
+            nav = where.state
+        return self.dash.page(
+            request,
+            "jobs.html",
+            {
+                "rows": rows,
+                "where": where,
+                "older": older,
+                "states": STATES,
+                "actions_for": actions_for,
+            },
+            nav=nav,
+        )
+
+    def job(self, request: Request) -> Response:
+        job_id = _reads.job_id(request.path_params["job_id"])
+        with self.dash.session() as session, session.begin():
+            job = self.dash.jobs.get(session, job_id)
+        if job is None:
+            return self._not_found(request, job_id)
+        return self.dash.page(
+            request,
+            "job.html",
+            {
+                "job": job,
+                "actions": actions_for(job.state),
+                "show_payload": self.dash.show_payload,
+                "errors": list(reversed(job.errors or [])),
+                "steps": job.steps or {},
+            },
+            nav="jobs",
+        )
+
+    def search(self, request: Request) -> Response:
+        job_id = _reads.job_id(request.query_params.get("id", ""))
+        with self.dash.session() as session, session.begin():
+            found: Job | None = self.dash.jobs.get(session, job_id)
+        if found is None:
+            return self._not_found(request, job_id)
+        return RedirectResponse(link(request, f"/jobs/{job_id}"), status_code=303)
+
+    def _not_found(self, request: Request, job_id: int) -> Response:
+        return self.dash.page(
+            request,
+            "message.html",
+            {
+                "heading": "Job not found",
+                "text": f"No job has id {job_id}. A job that completed is deleted (unless its "
+                "row had to be kept), and finished jobs are pruned after their retention.",
+            },
+            status=404,
+        )
+
+    def workers(self, request: Request) -> Response:
+        with self.dash.session() as session, session.begin():
+            workers = _reads.workers(session, self.dash.jobs)
+        return self.dash.page(request, "workers.html", {"workers": workers}, nav="workers")
+
+    def throughput(self, request: Request) -> Response:
+        queue = _reads.name("queue", request.query_params.get("queue"))
+        try:
+            with self.dash.session() as session, session.begin():
+                minutes = throughput.recent(session, self.dash.jobs, minutes=_series.SPAN)
+                now = _reads.database_now(session)
+        except ProgrammingError as exc:
+            if getattr(exc.orig, "sqlstate", None) != _UNDEFINED_TABLE:
+                raise
+            first = str(exc.orig).strip().splitlines()[0]
+            return self.dash.page(
+                request,
+                "message.html",
+                {
+                    "heading": "No throughput table",
+                    "text": f"{first}: the database predates the throughput table. Run "
+                    "sqla-jobs migrate (or alembic upgrade heads); the workers then fill it.",
+                },
+                status=503,
+                nav="throughput",
+            )
+        hour = _series.hour(minutes, now, queue)
+        return self.dash.page(
+            request,
+            "throughput.html",
+            {
+                "hour": hour,
+                "queue": queue,
+                "charts": _charts(hour),
+                "outcomes": _series.OUTCOMES,
+            },
+            nav="throughput",
+        )
+
+    def css(self, request: Request) -> Response:
+        return Response(_CSS, media_type="text/css")
+
+
+def _charts(hour: _series.Hour) -> dict[str, Any]:
+    return {
+        "outcomes": _chart.stacked_bars(
+            hour.slots,
+            [(o, hour.outcomes[o]) for o in _series.OUTCOMES],
+            label="Runs ended per minute, by outcome",
+        ),
+        "latency": _chart.lines(
+            hour.slots,
+            [("pickup", hour.mean_pickup), ("run", hour.mean_run)],
+            label="Mean pickup delay and mean run time per minute",
+            fmt=seconds,
+        ),
+    }
