@@ -1,12 +1,27 @@
 """Developer and CI entry points. CI (.ci/run) calls exactly these sessions.
 
-nox -s tests       the test suite (DATABASE_URL, else an embedded PostgreSQL)
+nox -s tests       the test suite on this interpreter at the newest dependencies (DATABASE_URL,
+                   else an embedded PostgreSQL); --force-python 3.12 runs it on another one
+nox -s tests_lowest  the suite on the oldest declared Python (3.10) at the lowest release of
+                   every direct dependency that pyproject.toml allows (uv --resolution lowest-direct)
 nox -s lint        ruff check + ruff format --check
 nox -s typecheck   mypy --strict on the package, and the typing cases (tests/typing)
-nox -s demo        the guided demo (embedded PostgreSQL unless DATABASE_URL is set)
+nox -s demo        the guided demo, python -m demo (embedded PostgreSQL unless DATABASE_URL is set)
 nox -s bench       the benchmark suite (writes bench/results/)
 nox -s chaos       the reliability suite at full size; regenerates RELIABILITY.md
 nox -s examples    the example application's tests (examples/shop; DATABASE_URL, else embedded)
+nox -s docs        the documentation site, built strictly into docs/_build/html
+nox -s browser     the dashboard in a real browser (Debian's chromium and chromium-driver);
+                   SQLA_JOBS_SCREENSHOTS=1 also rewrites the screenshots in docs/
+
+CI covers every declared Python with the whole suite. A suite waits on real time (leases, polls,
+killed processes) far more than it computes, so .ci/run runs two at once, each on its own server,
+the machine's PostgreSQL 15 on the left and an embedded PostgreSQL 18 on the right:
+
+    tests --force-python 3.11   (newest dependencies)  |  tests --force-python 3.13
+    tests_lowest                (3.10, the floors)     |  tests --force-python 3.12
+
+then examples, browser, lint, typecheck and docs, one at a time.
 """
 
 from __future__ import annotations
@@ -17,13 +32,39 @@ nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
 
+#: Every Python that requires-python admits. CI runs the whole suite on each: tests on 3.11, 3.12
+#: and 3.13 (--force-python), tests_lowest on the oldest.
 PYTHON = ["3.10", "3.11", "3.12", "3.13"]
+#: The extras whose floors tests_lowest checks with the test suite's own.
+LOWEST_EXTRAS = "test,metrics,otel,embedded"
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Run the test suite against a real PostgreSQL."""
+    """Run the test suite against a real PostgreSQL, at the newest dependencies."""
     session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON[0])
+def tests_lowest(session: nox.Session) -> None:
+    """Run the test suite at the floors: every direct dependency (the package's, its extras' and
+    the tests') at the lowest release pyproject.toml allows, on the oldest declared Python; their
+    own dependencies at the newest that fit. A floor that is too low fails here, not for a user."""
+    # pip has no lowest resolution; uv, installed into the session, fills the session's venv.
+    session.install("uv>=0.4")
+    session.run(
+        "uv",
+        "pip",
+        "install",
+        "--python",
+        f"{session.bin}/python",
+        "--resolution",
+        "lowest-direct",
+        "-e",
+        f".[{LOWEST_EXTRAS}]",
+    )
+    session.run("python", "-m", "pip", "list", "--format=freeze")
     session.run("pytest", *session.posargs)
 
 
@@ -35,6 +76,31 @@ def examples(session: nox.Session) -> None:
     # requirements.txt installs this repository's package (-e ../..) and the shop (-e .).
     session.install("-r", "requirements.txt")
     session.run("pytest", *session.posargs)
+
+
+@nox.session
+def browser(session: nox.Session) -> None:
+    """The dashboard in headless Chromium, driven by Selenium: list queues, retry a dead job,
+    pause and resume a queue, cancel a running job, be refused without credentials. Needs
+    /usr/bin/chromium and /usr/bin/chromedriver (apt-get install chromium chromium-driver)."""
+    session.install("-e", ".[test,dashboard,browser]")
+    session.run("pytest", "tests/browser", *session.posargs, env={"SQLA_JOBS_BROWSER": "1"})
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The documentation site (docs/README.md), into docs/_build/html. Strict: a broken
+    cross-reference, a link to a page, heading or repository file that does not exist, or a
+    public name missing from the API reference fails it. Needs Python 3.11+ (Sphinx 9)."""
+    # pytest: the reference documents the pytest plugin's fixtures, which import it.
+    session.install("-r", "docs/requirements.txt", "-e", ".[metrics,otel,dashboard]", "pytest>=8")
+    session.run(
+        "sphinx-build",
+        *("-E", "-n", "-W", "--keep-going", "-q", "-b", "html"),
+        "docs",
+        "docs/_build/html",
+        *session.posargs,
+    )
 
 
 @nox.session
@@ -72,9 +138,11 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The guided tour: enqueue with a business row, workers, backoff, dead jobs, a rescued crash."""
+    """The guided tour: enqueue with a business row, workers, backoff, dead jobs, a rescued crash.
+
+    The demo is an application in this repository (demo/), not part of the package."""
     session.install("-e", ".[embedded]")
-    session.run("sqla-jobs", "demo", *session.posargs)
+    session.run("python", "-m", "demo", *session.posargs)
 
 
 @nox.session

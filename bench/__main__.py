@@ -20,7 +20,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqla_jobs._db import database_url, redact
+from devdb import database_url
+from sqla_jobs._db import redact
 
 from . import contention, drain, enqueue, latency, memory, mvcc, prune, report, session, sustained
 from .dbs import server_info

