@@ -196,7 +196,7 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         Same guarantees as :meth:`enqueue`: one bad payload raises, naming its position, and writes
         none of them. Payloads may be of different kinds. From 64 payloads on, the rows go by COPY,
         and past the first 1,024 they are validated while the server stores the ones before them,
-        inside a savepoint that a bad one rolls back (see :func:`sqla_jobs.enqueue.enqueue_many`).
+        inside a savepoint that a bad one rolls back.
         ``meta`` is one mapping for every job (checked and serialized once), or a sequence of one
         mapping (or None) per payload; each is checked as :meth:`enqueue`'s ``meta`` is, all before
         any SQL runs.
