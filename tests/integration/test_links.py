@@ -556,9 +556,9 @@ APP_SCHEMA = "links_app"
 @pytest.fixture
 def alt_app(clean: Engine, migrated_url: str) -> Iterator[Engine]:
     """The migrations in schema ``sqla_jobs_links_alt``, and an engine whose connections have
-    the application's schema then that one on their search_path, as the README says to set it:
-    the application's tables are created in the first, and their foreign keys reach the job table
-    in the second."""
+    the application's schema then that one on their search_path, as docs/sqlalchemy.md says to set
+    it: the application's tables are created in the first, and their foreign keys reach the job
+    table in the second."""
     drop = f'DROP SCHEMA IF EXISTS "{ALT_SCHEMA}", "{APP_SCHEMA}" CASCADE'
     with clean.begin() as conn:
         conn.execute(text(drop))
@@ -689,53 +689,55 @@ def test_the_link_table_grants_of_docs_roles_md_are_enough_and_the_worker_needs_
                 conn.execute(text(f'DROP ROLE "{name}"'))
 
 
-# -- the README ---------------------------------------------------------------------------------------
+# -- the guide: docs/sqlalchemy.md ---------------------------------------------------------------------
 
-SECTION = "### Jobs linked to your rows"
+GUIDE = REPO / "docs" / "sqlalchemy.md"
+SECTION = "## Jobs linked to your rows"
 
 
-def readme_blocks() -> list[str]:
-    readme = (REPO / "README.md").read_text()
-    section = readme.split(SECTION, 1)[1].split("\n### ", 1)[0]
+def guide_blocks() -> list[str]:
+    """The Python blocks of the guide's section, as printed."""
+    page = GUIDE.read_text()
+    section = page.split(SECTION, 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
 
 
-def readme_module(name: str, source: str) -> dict[str, Any]:
+def guide_module(name: str, source: str) -> dict[str, Any]:
     """Run ``source`` as the body of a module called ``name`` (the ORM resolves a mapped class's
     annotations in its module); its namespace."""
     module = types.ModuleType(name)
     sys.modules[name] = module
-    exec(compile(source, "README.md", "exec"), module.__dict__)
+    exec(compile(source, "docs/sqlalchemy.md", "exec"), module.__dict__)
     namespace: dict[str, Any] = module.__dict__
     return namespace
 
 
-def test_the_readme_section_runs_as_written(
+def test_the_guide_section_runs_as_written(
     clean: Engine, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The section's code, run as it is printed: the declarations, then the use, on order 42."""
-    declarations, use = readme_blocks()
-    names = readme_module("readme_links", declarations)
+    declarations, use = guide_blocks()
+    names = guide_module("guide_links", declarations)
     Base_, Order_ = names["Base"], names["Order"]
 
     class SendInvoice(BaseModel):
         invoice_id: int
 
-    readme_jobs = Jobs()
-    readme_jobs.register("send_invoice", SendInvoice, queue="mail")
+    guide_jobs = Jobs()
+    guide_jobs.register("send_invoice", SendInvoice, queue="mail")
     Base_.metadata.create_all(clean)
     try:
         with Session(clean) as session:
             session.add_all([Order_(id=42), Order_(id=43)])
-            other = readme_jobs.enqueue(session, SendInvoice(invoice_id=1)).id
+            other = guide_jobs.enqueue(session, SendInvoice(invoice_id=1)).id
             session.commit()
         names.update(
             engine=clean,
-            jobs=readme_jobs,
+            jobs=guide_jobs,
             SendInvoice=SendInvoice,
             payloads=[SendInvoice(invoice_id=i) for i in (8, 9)],
         )
-        exec(compile(use, "README.md", "exec"), names)
+        exec(compile(use, "docs/sqlalchemy.md", "exec"), names)
         printed = capsys.readouterr().out.splitlines()
         assert len(printed) == 3
         assert all(
@@ -749,9 +751,9 @@ def test_the_readme_section_runs_as_written(
         Base_.metadata.drop_all(clean)
 
 
-def test_the_readme_declarations_are_what_link_table_builds() -> None:
-    declarations, _ = readme_blocks()
-    names = readme_module("readme_links_declarations", declarations)
+def test_the_guide_declarations_are_what_link_table_builds() -> None:
+    declarations, _ = guide_blocks()
+    names = guide_module("guide_links_declarations", declarations)
     table = names["order_jobs"]
     assert links.link_of(table) == links.Link(table, "order_id", "job_id")
     assert str(table.c.order_id.foreign_keys.pop().column) == "orders.id"

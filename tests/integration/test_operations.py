@@ -5,6 +5,7 @@ the per-attempt error record."""
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 from datetime import timedelta
 from typing import Any
@@ -25,6 +26,7 @@ from sqla_jobs import (
     Worker,
 )
 from tests._waiting import wait_until
+from tests.conftest import REPO
 
 from .test_worker import DEADLINE, enqueue, execute, job_row, running
 
@@ -314,31 +316,30 @@ def test_get_returns_the_job_as_the_transaction_sees_it(clean: Engine) -> None:
         assert jobs.get(session, 999999999) is None
 
 
-def test_the_readme_select_recipes_list_dead_jobs_and_filter_by_meta(clean: Engine) -> None:
-    from sqlalchemy import func, select
-
-    from sqla_jobs import Job
+def test_the_guide_select_recipes_list_dead_jobs_and_filter_by_meta(clean: Engine) -> None:
+    """The ``select(Job)`` recipes of docs/jobs.md ("Reading jobs"), run as they are printed."""
+    page = (REPO / "docs" / "jobs.md").read_text()
+    section = page.split("\n## Reading jobs\n", 1)[1].split("\n## ", 1)[0]
+    (recipes,) = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
 
     jobs = Jobs()
-    jobs.register("task", Task)
+    jobs.register("task", Task, queue="mail")
     dead = dead_job(clean, jobs)
     with Session(clean) as session, session.begin():
         tagged = jobs.enqueue(session, Task(n=1), meta={"tenant": "acme"}).id
         jobs.enqueue(session, Task(n=2), meta={"tenant": "other"})
+        jobs.enqueue(session, Task(n=3), queue="reports")
     with Session(clean) as session:
-        found = session.scalars(
-            select(Job).where(Job.state == "dead").order_by(Job.finished_at.desc()).limit(50)
-        ).all()
-        assert [j.id for j in found] == [dead]
-        acme = session.scalars(select(Job).where(Job.meta["tenant"].astext == "acme")).all()
-        assert [j.id for j in acme] == [tagged]
-        depth = dict(
-            ((q, st), n)
-            for q, st, n in session.execute(
-                select(Job.queue, Job.state, func.count()).group_by(Job.queue, Job.state)
-            ).all()
-        )
-        assert depth == {("default", "dead"): 1, ("default", "pending"): 2}
+        names: dict[str, Any] = {"session": session}
+        exec(compile(recipes, "docs/jobs.md", "exec"), names)
+
+        assert [j.id for j in names["dead"]] == [dead]
+        assert [j.id for j in names["acme"]] == [tagged]
+        assert {(q, st): n for q, st, n in names["depth"]} == {
+            ("mail", "dead"): 1,
+            ("mail", "pending"): 2,
+            ("reports", "pending"): 1,
+        }
 
 
 def test_async_operations_ride_the_async_session(clean: Engine, migrated_url: str) -> None:

@@ -57,7 +57,7 @@ QUEUE = "bad"
 SENTINEL = "reliability_sentinel"
 #: A URL nothing listens on: configuration errors must come before any connection is tried.
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nothing"
-#: The documented rule for queue and kind names (README, kinds.check_name).
+#: The documented rule for queue and kind names (docs/jobs.md, kinds.check_name).
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,127}")
 FUZZ = settings(
     max_examples=50,

@@ -343,7 +343,7 @@ def test_at_or_before_in_the_second_pass_of_the_repeated_hour_finds_the_first_pa
                 strict=True,
                 reason="cronsim steps hours by 3600 s in aware time; across a 30-minute DST "
                 "change it lands half an hour off and skips 02:00 and 02:20 LHST (documented "
-                "in the README as cronsim's behaviour)",
+                "in docs/periodic-jobs.md as cronsim's behaviour)",
             ),
         ),
     ],
