@@ -2,6 +2,8 @@
 directory and an empty database: ``alembic init``, the README's edits to alembic.ini and env.py,
 its files, then every command it shows, in order, each as its own process, up to the worker that
 runs the job. Its printed output is compared with what the commands print, minus times and names.
+Then the README's "Testing your handlers" test, run by pytest in that application with the
+package's plugin, on the same database.
 """
 
 from __future__ import annotations
@@ -140,4 +142,17 @@ def test_the_five_minute_application_runs_a_job_as_the_readme_shows(
     for line in _readme.console_output(SECTION, " ".join(worker_command)):
         assert shape(line) in logged, f"the worker did not log, in this order: {line}"
     # Its row was deleted, as the README says.
+    assert "(no jobs)" in run([*PROGRAMS["sqla-jobs"], "jobs", "list"], tmp_path, env)
+
+    # The README's test of the application, with the plugin, on the database just migrated.
+    ((path, source),) = _readme.files(_readme.section("Testing your handlers")).items()
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text(source)
+    tested = run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", path],
+        tmp_path,
+        {**env, "PYTHONPATH": str(tmp_path)},
+    )
+    assert "1 passed" in tested, tested
+    # The test's transaction was rolled back: its order and job are gone.
     assert "(no jobs)" in run([*PROGRAMS["sqla-jobs"], "jobs", "list"], tmp_path, env)
