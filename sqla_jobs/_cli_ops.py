@@ -68,15 +68,23 @@ def _capped(ids: Sequence[int]) -> str:
     return f" (at most {FILTER_LIMIT} per run: run it again for the rest)"
 
 
-def cmd_retry(args: argparse.Namespace) -> int:
+def ids_or_all_dead(
+    args: argparse.Namespace, verb: str
+) -> tuple[list[int], str | None, str | None]:
+    """The ids, kind and queue of ``jobs retry`` / ``jobs delete``: ids, or --all-dead with its
+    filters, never both."""
     ids = job_ids(args.ids)
     if ids and args.all_dead:
         raise CLIError("give job ids or --all-dead, not both")
     if not ids and not args.all_dead:
-        raise CLIError("give the ids of the jobs to retry, or --all-dead")
+        raise CLIError(f"give the ids of the jobs to {verb}, or --all-dead")
     if ids and (args.kind or args.queue):
         raise CLIError("--kind and --queue filter --all-dead; with ids, give only ids")
-    kind, queue = checked_name("kind", args.kind), checked_name("queue", args.queue)
+    return ids, checked_name("kind", args.kind), checked_name("queue", args.queue)
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    ids, kind, queue = ids_or_all_dead(args, "retry")
     with open_session(args) as (jobs, session), session.begin():
         result = _ops.retry_detail(session, jobs._scope, ids or None, kind=kind, queue=queue)
     done = result.retried
@@ -91,14 +99,7 @@ def cmd_retry(args: argparse.Namespace) -> int:
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    ids = job_ids(args.ids)
-    if ids and args.all_dead:
-        raise CLIError("give job ids or --all-dead, not both")
-    if not ids and not args.all_dead:
-        raise CLIError("give the ids of the jobs to delete, or --all-dead")
-    if ids and (args.kind or args.queue):
-        raise CLIError("--kind and --queue filter --all-dead; with ids, give only ids")
-    kind, queue = checked_name("kind", args.kind), checked_name("queue", args.queue)
+    ids, kind, queue = ids_or_all_dead(args, "delete")
     with open_session(args) as (jobs, session), session.begin():
         done = jobs.delete(session, ids or None, kind=kind, queue=queue)
     print(said("deleted", done) + _capped(done) if done else "no dead jobs to delete")

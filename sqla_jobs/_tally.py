@@ -123,14 +123,16 @@ class Tally:
             arrays[f"{name}_"] = [cast(counts[key][i]) for key in keys]
         return self._record.params(**arrays)
 
+    def _pending(self) -> tuple[Counts, dict[str, object] | None]:
+        """The totals now, and the parameters of the write of their growth (None: nothing grew)."""
+        totals = self._totals()
+        return totals, self._params(self._delta(totals))
+
     def flush(self, conn: Conn) -> None:
         """Write what the counts grew by since the last write (on the reaper's autocommit
         connection). A lost connection raises (the growth is written at the next beat); a refusal
         is logged once and stops the tally."""
-        if not self.enabled:
-            return
-        totals = self._totals()
-        params = self._params(self._delta(totals))
+        totals, params = self._pending() if self.enabled else ({}, None)
         if params is None:
             return
         try:
@@ -147,8 +149,7 @@ class Tally:
         The worker's threads have stopped: nothing else reads or writes the counts."""
         if not self.enabled or conn is None or conn.closed:
             return
-        totals = self._totals()
-        params = self._params(self._delta(totals))
+        totals, params = self._pending()
         if params is None:
             return
         try:

@@ -26,7 +26,6 @@ from tests.migrations._user_project import (
     USER_REVISION,
     add_sqla_jobs_versions,
     alembic,
-    alembic_init,
     apply_recipe,
     drop_sqla_jobs_versions,
     make_user_project,
@@ -52,11 +51,6 @@ def scratch_url(server_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
         yield url
     finally:
         drop_database(server_url, url)
-
-
-@pytest.fixture(scope="module")
-def init_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return alembic_init(tmp_path_factory.mktemp("alembic_init"))
 
 
 def without_sqla_jobs_revisions(init_output: Path, root: Path, url: str) -> Path:

@@ -5,14 +5,10 @@ database, dropped before it on the way down, and ``alembic check`` then finds no
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import create_database, drop_database
 from tests.migrations._catalog import SHARED_VERSIONS, connect, rows, tables, version_rows
-from tests.migrations._user_project import alembic, alembic_init, autogenerate, make_user_project
+from tests.migrations._user_project import alembic, autogenerate, make_user_project
 
 LINK_MODEL = """
 
@@ -22,20 +18,6 @@ invoice_jobs = sqla_jobs.link_table(
     "invoice_jobs", Base.metadata, Invoice.id, column="invoice_id"
 )
 """
-
-
-@pytest.fixture
-def scratch_url(server_url: str) -> Iterator[str]:
-    url = create_database(server_url, prefix="sqla_jobs_mig")
-    try:
-        yield url
-    finally:
-        drop_database(server_url, url)
-
-
-@pytest.fixture(scope="module")
-def init_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return alembic_init(tmp_path_factory.mktemp("alembic_init"))
 
 
 def foreign_keys(url: str, table: str) -> set[tuple[str, str]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,7 +19,6 @@ from sqla_jobs import migrate, statements
 from sqla_jobs._db import sqlalchemy_url
 from sqla_jobs.cli import main
 from tests._waiting import wait_until
-from tests.conftest import create_database, drop_database
 from tests.migrations._catalog import (
     OWN_VERSIONS,
     SHARED_VERSIONS,
@@ -44,15 +43,6 @@ PREVIOUS = str(
 )
 
 Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def scratch_url(server_url: str) -> Iterator[str]:
-    url = create_database(server_url, prefix="sqla_jobs_mig")
-    try:
-        yield url
-    finally:
-        drop_database(server_url, url)
 
 
 @pytest.fixture

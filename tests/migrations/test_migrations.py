@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import io
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,7 @@ from sqlalchemy.schema import CreateIndex
 
 import sqla_jobs
 from sqla_jobs._db import sqlalchemy_url
-from tests.conftest import alembic_config, create_database, drop_database
+from tests.conftest import alembic_config
 from tests.migrations._catalog import (
     OWN_VERSIONS,
     SHARED_VERSIONS,
@@ -40,7 +39,6 @@ from tests.migrations._user_project import (
     OUR_CONSTRAINTS,
     USER_CONVENTION,
     alembic,
-    alembic_init,
     autogenerate,
     discard_revision,
     make_user_project,
@@ -55,22 +53,6 @@ MODEL_COPY = "model_copy"
 UNREACHABLE_URL = "postgresql://nobody@127.0.0.1:1/nowhere"
 #: The newest shipped revision.
 HEAD = "sqla_jobs_0007"
-
-
-@pytest.fixture
-def scratch_url(server_url: str) -> Iterator[str]:
-    """A database of this test's own, dropped when the test ends."""
-    url = create_database(server_url, prefix="sqla_jobs_mig")
-    try:
-        yield url
-    finally:
-        drop_database(server_url, url)
-
-
-@pytest.fixture(scope="module")
-def init_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """What ``alembic init migrations`` writes, generated once and copied into each project."""
-    return alembic_init(tmp_path_factory.mktemp("alembic_init"))
 
 
 def migrated_and_model_catalogs(url: str) -> tuple[dict[str, Rows], dict[str, Rows]]:

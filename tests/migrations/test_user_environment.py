@@ -5,13 +5,10 @@ into the installed package (``new_revision``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from sqlalchemy import text
 
-from tests.conftest import create_database, drop_database
 from tests.migrations._catalog import (
     SHARED_VERSIONS,
     connect,
@@ -24,7 +21,6 @@ from tests.migrations._revision_files import SHIPPED_HEAD, package_untouched
 from tests.migrations._user_project import (
     NEW_PROJECT_MODEL,
     alembic,
-    alembic_init,
     apply_recipe,
     make_new_project,
     new_revision,
@@ -103,20 +99,6 @@ SQLA_JOBS_TABLES = {
     f"public.{name}"
     for name in ("sqla_jobs_job", "sqla_jobs_history", "sqla_jobs_queue", "sqla_jobs_schedule")
 }
-
-
-@pytest.fixture
-def scratch_url(server_url: str) -> Iterator[str]:
-    url = create_database(server_url, prefix="sqla_jobs_mig")
-    try:
-        yield url
-    finally:
-        drop_database(server_url, url)
-
-
-@pytest.fixture(scope="module")
-def init_output(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return alembic_init(tmp_path_factory.mktemp("alembic_init"))
 
 
 def add_to_model(ini: Path, source: str) -> None:
