@@ -4,6 +4,7 @@ a dictConfig from a file, and one-line errors for a bad level, format or file.""
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from tests.acceptance.test_cli import assert_one_line_error
 
 Spawn = Callable[..., WorkerProcess]
 TARGET = "tests.acceptance.ops_app:jobs"
+#: tomllib came with Python 3.11; on 3.10 the worker refuses a TOML log config (tested below).
+TOML_READABLE = sys.version_info >= (3, 11)
 
 
 def enqueue_note(engine: Engine, tag: str) -> int:
@@ -57,7 +60,16 @@ def test_in_logfmt_a_handlers_own_line_names_its_logger(
     assert " duration_ms=" in completed
 
 
-@pytest.mark.parametrize("suffix", [".json", ".toml"])
+@pytest.mark.parametrize(
+    "suffix",
+    [
+        ".json",
+        pytest.param(
+            ".toml",
+            marks=pytest.mark.skipif(not TOML_READABLE, reason="no tomllib before Python 3.11"),
+        ),
+    ],
+)
 def test_log_config_applies_a_dict_config_from_a_json_or_toml_file(
     ops_effects: Engine, spawn_worker: Spawn, tmp_path: Path, suffix: str
 ) -> None:
@@ -80,6 +92,17 @@ def test_log_config_applies_a_dict_config_from_a_json_or_toml_file(
     worker = spawn_worker("--log-config", str(path), target=TARGET)
     wait_until(lambda: "CUSTOM ops_app noted configured" in worker.log, "the handler's line")
     wait_until(lambda: "CUSTOM sqla_jobs.worker" in worker.log, "the worker's own lines")
+
+
+@pytest.mark.skipif(TOML_READABLE, reason="Python 3.11 and later read TOML (the test above)")
+def test_on_python_3_10_a_toml_log_config_exits_2_asking_for_json(
+    migrated_url: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "logging.toml"
+    path.write_text("version = 1\n")
+    result = run_cli("worker", TARGET, "--log-config", str(path), database_url=migrated_url)
+    assert result.returncode == 2
+    assert_one_line_error(result.stderr, "TOML needs Python 3.11 or later; use JSON")
 
 
 @pytest.mark.parametrize(

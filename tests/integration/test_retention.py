@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from sqla_jobs import Jobs, Retention
 from sqla_jobs._connections import Connector
 from sqla_jobs._db import libpq_conninfo
-from sqla_jobs._pruner import HISTORY, Pruner, PruneSQL, count, prune
+from sqla_jobs._pruner import HISTORY, THROUGHPUT, Pruner, PruneSQL, count, prune
 from sqla_jobs._sql import WorkerSQL
 from tests.integration._workers import running_workers, wait_until
 
@@ -216,8 +216,9 @@ def test_only_one_of_two_pruners_prunes_at_a_time(conn: Conn, migrated_url: str)
         assert left(conn) == {"dead": 3}
         holder.execute(first._sql.unlock.sql, first._sql.unlock.params(schema_name=None))
         # Released after the run: the next one prunes.
-        assert second.prune_once() == {"completed": 0, HISTORY: 0, "dead": 3, "cancelled": 0}
-        assert first.prune_once() == {"completed": 0, HISTORY: 0, "dead": 0, "cancelled": 0}
+        ran = {"completed": 0, HISTORY: 0, "dead": 3, "cancelled": 0, THROUGHPUT: 0}
+        assert second.prune_once() == ran
+        assert first.prune_once() == {**ran, "dead": 0}
         # A run releases the lock it took: nobody holds it now.
         assert conn.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"

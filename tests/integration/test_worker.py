@@ -1107,8 +1107,11 @@ class PeakHoldings(Holdings):
 
 
 def peak_held(worker: Worker) -> PeakHoldings:
-    """Put a :class:`PeakHoldings` in ``worker`` (before it runs)."""
-    holdings = worker.holdings = PeakHoldings()
+    """Put a :class:`PeakHoldings` in ``worker`` (before it runs), reading the claims' rows as
+    the one it replaces does (with due times: the worker's throughput counts pickup delays)."""
+    holdings = PeakHoldings()
+    holdings.timed, holdings.meta = worker.holdings.timed, worker.holdings.meta
+    worker.holdings = holdings
     return holdings
 
 

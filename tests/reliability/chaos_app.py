@@ -8,6 +8,7 @@ happened even when the process dies right after. A job with two rows there ran t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -250,6 +251,11 @@ class Fleet:
         """SIGTERM every live worker; return their exit codes by pid (None: still running)."""
         live = self.alive()
         for w in live:
+            # One spawned a moment ago may still be importing (slow on a loaded machine): a SIGTERM
+            # before it installed its handlers kills it outright (-15), which is not the graceful
+            # stop under test. It logs "started" once they are in place.
+            with contextlib.suppress(AssertionError):
+                self.wait_started(w, timeout)
             w.proc.send_signal(signal.SIGTERM)
         codes: dict[int, int | None] = {}
         for w in live:
