@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -133,16 +134,41 @@ def browser(driver: WebDriver, base_url: str) -> WebDriver:
     return driver
 
 
+#: While a POST's redirect lands, an element found on the page before it belongs to no document
+#: any more; Chromium reports it as a stale element or as an inspector error. Either: look again.
+REPLACED = (WebDriverException,)
+
+
 def flash(driver: WebDriver, expected: str) -> str:
     """Wait for the page an action redirected to, and return its flash."""
-    WebDriverWait(driver, WAIT).until(
+    WebDriverWait(driver, WAIT, ignored_exceptions=REPLACED).until(
         ec.text_to_be_present_in_element((By.CSS_SELECTOR, "p.flash"), expected)
     )
-    return str(driver.find_element(By.CSS_SELECTOR, "p.flash").text)
+    found: str = WebDriverWait(driver, WAIT, ignored_exceptions=REPLACED).until(
+        lambda d: d.find_element(By.CSS_SELECTOR, "p.flash").text
+    )
+    return found
 
 
 def queue_row(driver: WebDriver, queue: str) -> object:
     return driver.find_element(By.XPATH, f"//tr[th/a[normalize-space()='{queue}']]")
+
+
+def click_in_queue_row(driver: WebDriver, queue: str, button: str) -> None:
+    """Click ``button`` (a CSS selector) in ``queue``'s row, found afresh until the click lands."""
+
+    def attempt(d: WebDriver) -> bool:
+        queue_row(d, queue).find_element(By.CSS_SELECTOR, button).click()  # type: ignore[attr-defined]
+        return True
+
+    WebDriverWait(driver, WAIT, ignored_exceptions=REPLACED).until(attempt)
+
+
+def queue_row_text(driver: WebDriver, queue: str) -> str:
+    found: str = WebDriverWait(driver, WAIT, ignored_exceptions=REPLACED).until(
+        lambda d: queue_row(d, queue).text  # type: ignore[attr-defined]
+    )
+    return found
 
 
 def screenshot(driver: WebDriver, name: str, height: int) -> None:
@@ -195,11 +221,10 @@ def test_opens_a_dead_job_and_retries_it(
 
 
 def test_pauses_and_resumes_a_queue(browser: WebDriver) -> None:
-    queue_row(browser, "mail").find_element(By.CSS_SELECTOR, "button.action-pause").click()  # type: ignore[attr-defined]
+    click_in_queue_row(browser, "mail", "button.action-pause")
     assert flash(browser, "paused").startswith("paused queue mail")
-    row = queue_row(browser, "mail")
-    assert "since" in row.text  # type: ignore[attr-defined]
-    row.find_element(By.CSS_SELECTOR, "button.action-resume").click()  # type: ignore[attr-defined]
+    assert "since" in queue_row_text(browser, "mail")
+    click_in_queue_row(browser, "mail", "button.action-resume")
     assert flash(browser, "resumed") == "resumed queue mail"
     assert queue_row(browser, "mail").find_elements(By.CSS_SELECTOR, "button.action-pause")  # type: ignore[attr-defined]
 
