@@ -127,6 +127,12 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
+def task_outcomes(metrics: Metrics, outcome: str) -> float | None:
+    """How many runs of kind task in queue m1 ended ``outcome``, scraped now."""
+    samples = scrape(metrics)
+    return value(samples, "sqla_jobs_job_outcomes_total", kind="task", queue="m1", outcome=outcome)
+
+
 def healthz(metrics: Metrics) -> tuple[int, str]:
     assert metrics.address is not None
     host, port = metrics.address
@@ -294,30 +300,12 @@ def test_the_reaper_counts_a_crashed_job_by_kind_and_queue(
         )
     with running_workers(jobs, migrated_url, **fast(metrics)):
         wait_until(
-            lambda: (
-                value(
-                    scrape(metrics),
-                    "sqla_jobs_job_outcomes_total",
-                    kind="task",
-                    queue="m1",
-                    outcome="crashed",
-                )
-                == 1
-            ),
+            lambda: task_outcomes(metrics, "crashed") == 1,
             what="the crash is counted",
         )
         wait_until(lambda: states(quiet, [crashed]) == ["gone"], what="the rescued job ran")
         wait_until(
-            lambda: (
-                value(
-                    scrape(metrics),
-                    "sqla_jobs_job_outcomes_total",
-                    kind="task",
-                    queue="m1",
-                    outcome="completed",
-                )
-                == 1
-            ),
+            lambda: task_outcomes(metrics, "completed") == 1,
             what="its second run is counted",
         )
 
@@ -393,16 +381,7 @@ def test_a_worker_told_not_to_sample_never_takes_the_sampler_role(
         assert worker.monitor.sampler is None
         enqueue(quiet, jobs, [Task()])
         wait_until(
-            lambda: (
-                value(
-                    scrape(metrics),
-                    "sqla_jobs_job_outcomes_total",
-                    kind="task",
-                    queue="m1",
-                    outcome="completed",
-                )
-                == 1
-            ),
+            lambda: task_outcomes(metrics, "completed") == 1,
             what="the run is counted",
         )
         samples = scrape(metrics)
