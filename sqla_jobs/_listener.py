@@ -141,12 +141,13 @@ class Listener(threading.Thread):
         # look once. Only then are we connected: from then on, a NOTIFY finds us.
         self._on_notify(conn, [])
         self._notes.clear()
+        # Every logged loss gets its "back", even one before the first connection was whole.
+        if self._reconnects.failures or self.connects:
+            log.info("LISTEN connection re-established", extra={"event": "listener_back"})
         # Connected again: the next loss starts the backoff over, however many came before.
         self._reconnects.ok()
         self.connected.set()
         self.connects += 1
-        if self.connects > 1:
-            log.info("LISTEN connection re-established", extra={"event": "listener_back"})
         # A selector, not select(): a descriptor past FD_SETSIZE (an application with a thousand
         # open files) is fine here.
         with selectors.DefaultSelector() as selector:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
+
+import pytest
 
 from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
 from sqla_jobs import JobContext, Jobs
 from sqla_jobs._connections import AsyncConn, Conn, Connector
+from sqla_jobs._db import libpq_conninfo
+from sqla_jobs._listener import Listener
 from sqla_jobs.testing import WorkerSeams
 
 from ._workers import running_workers, wait_until
@@ -73,3 +79,46 @@ def test_worker_connections_carry_keepalives_and_an_application_name(
         ), dsn
     # The listener's liveness check fails within 5 s on a half-open connection, not ~60.
     assert "tcp_user_timeout=5000" in dsns["listen"]
+
+
+def test_a_listen_connection_lost_before_its_first_look_is_logged_back(
+    clean: Engine, migrated_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every ``listener_lost`` is followed by ``listener_back``, even when the very first
+    connection is lost before it finished its first look (a supervisor waiting for the pair
+    would otherwise wait forever)."""
+    first_look = threading.Event()
+    release = threading.Event()
+    looks: list[int] = []
+
+    def on_notify(conn: Conn, queues: list[str]) -> None:
+        looks.append(conn.info.backend_pid)
+        if len(looks) == 1:
+            first_look.set()
+            release.wait(10)
+            conn.execute("SELECT 1")  # as the worker's claim on this connection would
+
+    listener = Listener(
+        Connector(libpq_conninfo(migrated_url), "lost-early", 5),
+        "sqla_jobs_test_channel",
+        ["default"],
+        on_notify,
+        max_backoff=0.1,
+    )
+    with caplog.at_level(logging.INFO, logger="sqla_jobs.worker"):
+        listener.start()
+        try:
+            assert first_look.wait(10)
+            with clean.connect() as db:
+                db.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": looks[0]})
+            release.set()
+            wait_until(lambda: listener.connects == 1 and len(looks) == 2, timeout=10)
+            events = [getattr(r, "event", None) for r in caplog.records]
+            wait_until(
+                lambda: "listener_back" in [getattr(r, "event", None) for r in caplog.records],
+                timeout=5,
+                what=f"listener_back after listener_lost (events: {events})",
+            )
+        finally:
+            listener.stop()
+            listener.join(10)
