@@ -14,6 +14,7 @@ from . import _sessions, _unique_enqueue
 from . import enqueue as _enqueue
 from . import links as _links
 from . import validate as _validate
+from ._notify import Wakeup
 from .model import Job
 from .unique import EnqueuedIds, OnConflict, check_on_conflict
 
@@ -26,6 +27,7 @@ class AsyncEnqueue:
 
     schema: str | None
     channel: str
+    _wakeup: Wakeup
 
     if TYPE_CHECKING:  # defined by Jobs
 
@@ -84,12 +86,12 @@ class AsyncEnqueue:
                 when,
                 after,
                 schema=self.schema,
-                channel=self.channel,
+                wakeup=self._wakeup,
                 on_conflict=on_conflict,
             )
         else:
             job = await _enqueue.enqueue_async(
-                session, prepared, when, after, schema=self.schema, channel=self.channel
+                session, prepared, when, after, schema=self.schema, wakeup=self._wakeup
             )
         if links:
             fresh = job.inserted is not False
@@ -124,7 +126,7 @@ class AsyncEnqueue:
                 when,
                 after,
                 schema=self.schema,
-                channel=self.channel,
+                wakeup=self._wakeup,
                 on_conflict=on_conflict,
             )
         else:
@@ -136,7 +138,7 @@ class AsyncEnqueue:
                     when,
                     after,
                     schema=self.schema,
-                    channel=self.channel,
+                    wakeup=self._wakeup,
                 )
             )
         if links:

@@ -16,14 +16,16 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.orm import Session
 
 from . import statements
+from ._notify import Wakeup, due_now
 from ._row import Batch, Prepared
 from .enqueue import (
     _JOB_BIND,
+    _ONE_US,
     _attach,
     _exec_options,
     _many_params,
     _one_params,
-    _queues_to_notify,
+    wake,
 )
 from .enqueue import enqueue_many as _plain_many
 from .errors import DuplicateJobError, SqlaJobsError
@@ -37,7 +39,6 @@ _INSERT = {False: statements.insert_unique_job(), True: statements.upsert_unique
 _INSERT_MANY = {False: statements.insert_unique_jobs(), True: statements.upsert_unique_jobs()}
 _FIND = statements.find_unique_job()
 _FIND_MANY = statements.find_unique_jobs()
-_NOTIFY = statements.notify()
 #: Inserts tried while the holder of a key keeps finishing between the insert and the lookup.
 _ATTEMPTS = 5
 
@@ -46,10 +47,16 @@ def _unique_params(key: UniqueKey) -> dict[str, Any]:
     return {"unique_key": key.key, "unique_states": list(key.states), "unique_period": key.period}
 
 
-def _notify(session: Session, channel: str, queues: list[str], options: dict[str, Any]) -> None:
+def _notify(
+    session: Session,
+    wakeup: Wakeup,
+    queues: list[str],
+    run_at: datetime | None,
+    delay: timedelta,
+    options: dict[str, Any],
+) -> None:
     conn = session.connection(bind_arguments=_JOB_BIND)
-    for queue in _queues_to_notify(session, queues):
-        conn.execute(_NOTIFY, {"channel": channel, "queue": queue}, execution_options=options)
+    wake(session, conn, wakeup, queues, due_now(run_at, delay // _ONE_US), options)
 
 
 def enqueue(
@@ -59,7 +66,7 @@ def enqueue(
     delay: timedelta,
     *,
     schema: str | None,
-    channel: str,
+    wakeup: Wakeup,
     on_conflict: OnConflict,
 ) -> Job:
     """Insert one unique job unless its key is taken; returns the inserted job, or the one
@@ -73,13 +80,13 @@ def enqueue(
     for _ in range(_ATTEMPTS):
         row = conn.execute(_INSERT[replace], params, execution_options=options).one_or_none()
         if row is not None and row.inserted:
-            _notify(session, channel, [job.queue], options)
+            _notify(session, wakeup, [job.queue], run_at, delay, options)
             obj = _attach(session, job, row[: len(statements.FILLED_COLUMNS)])
             obj.__dict__.update(unique_key=row.unique_key, unique_states=list(job.unique.states))
             obj.__dict__[ENQUEUED] = "inserted"
             return obj
         if row is not None:  # replaced: the holder was pending
-            _notify(session, channel, [job.queue], options)
+            _notify(session, wakeup, [job.queue], run_at, delay, options)
             replaced = session.get(Job, row.id, populate_existing=True, execution_options=options)
             assert replaced is not None
             replaced.__dict__[ENQUEUED] = "replaced"
@@ -119,7 +126,7 @@ def enqueue_many(
     delay: timedelta,
     *,
     schema: str | None,
-    channel: str,
+    wakeup: Wakeup,
     on_conflict: OnConflict,
 ) -> EnqueuedIds:
     """Insert many jobs, some unique: every payload is validated first, duplicates inside the
@@ -166,8 +173,10 @@ def enqueue_many(
             ids[i], inserted[i], replaced[i] = done[i]
         _notify(
             session,
-            channel,
+            wakeup,
             [whole.column("queue")[i] for i in reps if inserted[i] or replaced[i]],
+            run_at,
+            delay,
             _exec_options(schema),
         )
         for i in dupes:
@@ -176,7 +185,7 @@ def enqueue_many(
     if plain:
         part = _take(whole, plain)
         plain_ids = _plain_many(
-            session, len(part), iter([part]), run_at, delay, schema=schema, channel=channel
+            session, len(part), iter([part]), run_at, delay, schema=schema, wakeup=wakeup
         )
         for i, job_id in zip(plain, plain_ids, strict=True):
             ids[i], inserted[i] = job_id, True

@@ -20,7 +20,8 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Mapper, Session, configure_mappers, make_transient_to_detached
 from sqlalchemy.orm.attributes import instance_state
 
-from . import _copy, _row, statements
+from . import _copy, _notify, _row, statements
+from ._notify import Wakeup
 from ._row import Batch, Prepared
 from .errors import EnqueueError
 from .model import ENQUEUED, Job
@@ -68,12 +69,11 @@ def _exec_options(schema: str | None) -> dict[str, Any]:
 
 
 def _notified(session: Session) -> set[str]:
-    """The queues already notified in the session's current (innermost) transaction.
-
-    Postgres folds identical notifications within a transaction anyway; tracking them here saves the
-    work. Keyed on the innermost transaction, so a rolled-back savepoint (whose NOTIFY is discarded
-    with it) cannot suppress the outer transaction's wakeup. Before the session has begun a
-    transaction there is none, and nothing has been notified.
+    """The queues already woken (or planned to be) in the session's current (innermost)
+    transaction: one wakeup per queue and transaction is enough. Keyed on the innermost
+    transaction, so a rolled-back savepoint (whose wakeups are discarded with it) cannot suppress
+    the outer transaction's. Before the session has begun a transaction there is none, and
+    nothing has been woken.
     """
     tx = session.get_nested_transaction() or session.get_transaction()
     if tx is None:
@@ -86,28 +86,42 @@ def _notified(session: Session) -> set[str]:
     return notified
 
 
-def _queues_to_notify(session: Session, queues: Iterable[str]) -> list[str]:
-    """Queues not yet notified in the current transaction; marks them notified."""
+def wake(
+    session: Session,
+    conn: Connection,
+    wakeup: Wakeup,
+    queues: Iterable[str],
+    due_now: bool,
+    options: dict[str, Any],
+) -> None:
+    """Wake ``queues`` as ``wakeup``'s mode says (see :mod:`sqla_jobs._notify`), for jobs just
+    inserted on ``conn``, once per queue and transaction; nothing for jobs not due yet."""
+    if not due_now:
+        return
     seen = _notified(session)
     fresh = [q for q in dict.fromkeys(queues) if q not in seen]
     seen.update(fresh)
-    return fresh
+    for q in wakeup.plan(session, fresh) if fresh else ():
+        conn.execute(_NOTIFY, {"channel": wakeup.channel, "queue": q}, execution_options=options)
 
 
 def _insert_one(
-    session: Session, job: Prepared, run_at: datetime | None, delay: timedelta, channel: str
+    session: Session, job: Prepared, run_at: datetime | None, delay: timedelta, wakeup: Wakeup
 ) -> tuple[Any, dict[str, Any]]:
-    """The statement and parameters for one job: with the wakeup folded in, unless this
-    transaction already notified the job's queue."""
+    """The statement and parameters for one job: with the wakeup folded in when it rides the
+    transaction (see :mod:`sqla_jobs._notify`) and this transaction has not sent it yet."""
     params = _one_params(job, run_at, delay)
     lean = job.meta is None
     if lean:
         # A parameter named after a column adds that column to the INSERT: leave it out.
         del params["meta"]
-    if job.queue in _notified(session):
-        return _INSERT_ONE_LEAN if lean else _INSERT_ONE, params
-    stmt = _INSERT_ONE_NOTIFY_LEAN if lean else _INSERT_ONE_NOTIFY
-    return stmt, {**params, "channel": channel, "queue_name": job.queue}
+    seen = _notified(session)
+    if job.queue not in seen and _notify.due_now(run_at, params["delay_us"]):
+        seen.add(job.queue)
+        if wakeup.plan(session, [job.queue]):
+            stmt = _INSERT_ONE_NOTIFY_LEAN if lean else _INSERT_ONE_NOTIFY
+            return stmt, {**params, "channel": wakeup.channel, "queue_name": job.queue}
+    return _INSERT_ONE_LEAN if lean else _INSERT_ONE, params
 
 
 def _attach(session: Session, job: Prepared, filled: Sequence[Any]) -> Job:
@@ -191,15 +205,14 @@ def enqueue(
     delay: timedelta,
     *,
     schema: str | None,
-    channel: str,
+    wakeup: Wakeup,
 ) -> Job:
     """Insert one prepared job through ``session`` and queue its wakeup; returns the ``Job``.
 
     The one implementation: :func:`enqueue_async` runs it in the ``AsyncSession``'s greenlet."""
     conn = session.connection(bind_arguments=_JOB_BIND)
-    stmt, params = _insert_one(session, job, run_at, delay, channel)
+    stmt, params = _insert_one(session, job, run_at, delay, wakeup)
     filled = conn.execute(stmt, params, execution_options=_exec_options(schema)).one()
-    _queues_to_notify(session, [job.queue])
     return _attach(session, job, filled)
 
 
@@ -211,7 +224,7 @@ def enqueue_many(
     delay: timedelta,
     *,
     schema: str | None,
-    channel: str,
+    wakeup: Wakeup,
 ) -> list[int]:
     """Insert ``count`` jobs, validated a chunk at a time by ``chunks``, through ``session``;
     returns the ids in payload order.
@@ -250,8 +263,7 @@ def enqueue_many(
         ids = list(
             conn.scalars(_INSERT_MANY, _many_params(first, run_at, delay), execution_options=opts)
         )
-    for q in _queues_to_notify(session, queues):
-        conn.execute(_NOTIFY, {"channel": channel, "queue": q}, execution_options=opts)
+    wake(session, conn, wakeup, queues, _notify.due_now(run_at, delay // _ONE_US), opts)
     return ids
 
 
@@ -301,10 +313,10 @@ async def enqueue_async(
     delay: timedelta,
     *,
     schema: str | None,
-    channel: str,
+    wakeup: Wakeup,
 ) -> Job:
     """:func:`enqueue` for an ``AsyncSession``."""
-    return await session.run_sync(enqueue, job, run_at, delay, schema=schema, channel=channel)
+    return await session.run_sync(enqueue, job, run_at, delay, schema=schema, wakeup=wakeup)
 
 
 async def enqueue_many_async(
@@ -315,9 +327,9 @@ async def enqueue_many_async(
     delay: timedelta,
     *,
     schema: str | None,
-    channel: str,
+    wakeup: Wakeup,
 ) -> list[int]:
     """:func:`enqueue_many` for an ``AsyncSession`` (COPY on psycopg's ``AsyncConnection``)."""
     return await session.run_sync(
-        enqueue_many, count, chunks, run_at, delay, schema=schema, channel=channel
+        enqueue_many, count, chunks, run_at, delay, schema=schema, wakeup=wakeup
     )

@@ -16,6 +16,7 @@ from . import validate as _validate
 from ._jobs_async import AsyncEnqueue
 from ._jobs_ops import Operations
 from ._jobs_periodic import Periodics
+from ._notify import Wakeup, WakeupMode, check_mode
 from .errors import ConfigurationError
 from .hooks import Hooks
 from .kinds import Registry, check_name
@@ -36,6 +37,14 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
     serialized payload (keep big data in your own tables and enqueue its id). ``hooks`` holds the
     enqueue and worker hooks (:class:`~sqla_jobs.hooks.Hooks`).
 
+    ``wakeup`` says how an enqueue of a job due now wakes idle workers (a delayed job wakes no
+    one: the poll after its time finds it): ``"after_commit"`` (default) sends the NOTIFY after
+    the Session's commit, from a per-process notifier on a connection of its own, so that
+    enqueuing commits never queue on PostgreSQL's notification lock; ``"in_transaction"`` sends it
+    inside the enqueuing transaction, at most once per queue every 0.1 s per process;
+    ``"none"`` leaves it to the workers' polling. A Session bound to a ``Connection`` gets the
+    in-transaction NOTIFY in ``"after_commit"`` mode too (it cannot see the real commit).
+
     Every call that takes a ``session`` takes a ``Session`` or a ``scoped_session`` (such as
     Flask-SQLAlchemy's ``db.session``), and every ``_async`` twin an ``AsyncSession`` or an
     ``async_scoped_session``: a scoped session stands for its current session, whose transaction
@@ -43,7 +52,11 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
     """
 
     def __init__(
-        self, *, schema: str | None = None, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+        self,
+        *,
+        schema: str | None = None,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        wakeup: WakeupMode = "after_commit",
     ) -> None:
         super().__init__()
         if schema is not None:
@@ -55,10 +68,15 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
             raise ConfigurationError("max_payload_bytes must be at least 2 (the JSON '{}')")
         self.schema = schema
         self.max_payload_bytes = max_payload_bytes
+        try:
+            mode = check_mode(wakeup)
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         #: The LISTEN/NOTIFY channel workers of this schema listen on.
         self.channel = notify_channel(schema)
         #: The channel that tells them which running jobs were cancelled.
         self.cancel_channel = cancel_channel(schema)
+        self._wakeup = Wakeup(self.channel, mode)
         #: Enqueue hooks, middleware and outcome hooks (:class:`~sqla_jobs.hooks.Hooks`).
         self.hooks = Hooks()
 
@@ -166,12 +184,12 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
                 when,
                 after,
                 schema=self.schema,
-                channel=self.channel,
+                wakeup=self._wakeup,
                 on_conflict=on_conflict,
             )
         else:
             job = _enqueue.enqueue(
-                session, prepared, when, after, schema=self.schema, channel=self.channel
+                session, prepared, when, after, schema=self.schema, wakeup=self._wakeup
             )
         if links:
             _links.insert(session, [links], [job.id], self.schema, fresh=job.inserted is not False)
@@ -227,7 +245,7 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
                 when,
                 after,
                 schema=self.schema,
-                channel=self.channel,
+                wakeup=self._wakeup,
                 on_conflict=on_conflict,
             )
         else:
@@ -239,7 +257,7 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
                     when,
                     after,
                     schema=self.schema,
-                    channel=self.channel,
+                    wakeup=self._wakeup,
                 )
             )
         if links:

@@ -1,0 +1,341 @@
+"""When an enqueue wakes the workers, in each mode of ``Jobs(wakeup=...)``: never before the
+commit, never after a rollback (savepoints included), once after the commit; the notifier's
+NOTIFY leaves the enqueuing transaction; polling still finds jobs when the notifier is cut off."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from pydantic import BaseModel
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from sqla_jobs import ConfigurationError, JobContext, Jobs, _notifier
+from sqla_jobs._db import libpq_conninfo, sqlalchemy_url, with_database
+
+from ._workers import running_workers, wait_until
+
+#: How long "no notification" is watched for: the notifier sends within milliseconds.
+QUIET = 0.3
+
+
+class Ping(BaseModel):
+    n: int = 0
+
+
+class Counted(BaseModel):
+    n: int
+
+
+def make_jobs(mode: Any = "after_commit") -> Jobs:
+    jobs = Jobs(wakeup=mode)
+
+    @jobs.kind("ping", Ping)
+    def ping(args: Ping, ctx: JobContext) -> None:
+        pass
+
+    return jobs
+
+
+class Heard:
+    """A LISTEN connection of its own on the jobs' channel."""
+
+    def __init__(self, url: str, channel: str) -> None:
+        self._conn = psycopg.connect(libpq_conninfo(url), autocommit=True)
+        self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+    def within(self, seconds: float) -> list[str]:
+        """The queues notified within ``seconds``: after the first arrives, what follows it
+        within :data:`QUIET` (a duplicate would come from the same send or the next one)."""
+        first = [n.payload for n in self._conn.notifies(timeout=seconds, stop_after=1)]
+        if not first:
+            return []
+        return first + [n.payload for n in self._conn.notifies(timeout=QUIET)]
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+@pytest.fixture
+def heard(migrated_url: str) -> Iterator[Heard]:
+    made = Heard(migrated_url, make_jobs().channel)
+    assert _notifier.flush_all(5)
+    made.within(0.05)  # what earlier tests left on the channel
+    yield made
+    made.close()
+
+
+def in_transaction_notifies(engine: Engine) -> list[str]:
+    """Start recording the statements of ``engine`` that carry a ``pg_notify``."""
+    seen: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "pg_notify" in statement:
+            seen.append(statement)
+
+    event.listen(engine, "before_cursor_execute", record)
+    return seen
+
+
+def test_after_commit_sends_nothing_before_the_commit_and_one_wakeup_after_it(
+    clean: Engine, heard: Heard
+) -> None:
+    jobs = make_jobs()
+    sent = in_transaction_notifies(clean)
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(n=1))
+        jobs.enqueue(session, Ping(n=2))
+        jobs.enqueue_many(session, [Ping(n=n) for n in range(100)])
+        session.flush()
+        assert heard.within(QUIET) == []
+        session.commit()
+    assert heard.within(2) == ["default"]
+    assert sent == [], "the enqueuing transaction carried a NOTIFY"
+
+
+def test_after_commit_sends_nothing_after_a_rollback(clean: Engine, heard: Heard) -> None:
+    jobs = make_jobs()
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping())
+        jobs.enqueue_many(session, [Ping(), Ping()], queue="other")
+        session.rollback()
+        jobs.enqueue(session, Ping(), queue="third")
+    # Closed without a commit: nothing either.
+    assert heard.within(QUIET) == []
+    # A commit of the next transaction does not send the rolled-back ones.
+    with Session(clean) as session:
+        session.execute(text("SELECT 1"))
+        session.commit()
+    assert heard.within(QUIET) == []
+
+
+def test_a_rolled_back_savepoint_drops_its_wakeups_and_a_released_one_keeps_them(
+    clean: Engine, heard: Heard
+) -> None:
+    jobs = make_jobs()
+    with Session(clean) as session:
+        with session.begin_nested() as kept:
+            jobs.enqueue(session, Ping(), queue="kept")
+            kept.commit()
+        nested = session.begin_nested()
+        jobs.enqueue(session, Ping(), queue="dropped")
+        with session.begin_nested():
+            jobs.enqueue(session, Ping(), queue="dropped-inner")
+        nested.rollback()
+        # A released savepoint is no commit: nothing sent yet.
+        assert heard.within(QUIET) == []
+        session.commit()
+    assert heard.within(1) == ["kept"]
+
+
+def test_a_session_joined_to_a_callers_transaction_wakes_only_when_that_commits(
+    clean: Engine, heard: Heard
+) -> None:
+    jobs = make_jobs()
+    with clean.connect() as conn:
+        outer = conn.begin()
+        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+            jobs.enqueue(session, Ping())
+            session.commit()  # releases the Session's savepoint; the real transaction is open
+        assert heard.within(QUIET) == []
+        outer.commit()
+    assert heard.within(2) == ["default"]
+    with clean.connect() as conn:
+        outer = conn.begin()
+        with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+            jobs.enqueue(session, Ping())
+            session.commit()
+        outer.rollback()
+    assert heard.within(QUIET) == []
+
+
+def test_in_transaction_wakes_at_commit_never_after_rollback_and_throttles_per_queue(
+    clean: Engine, heard: Heard
+) -> None:
+    jobs = make_jobs("in_transaction")
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(), queue="rolled-back")
+        session.rollback()
+    assert heard.within(QUIET) == []
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(), queue="q2")
+        assert heard.within(QUIET) == []
+        session.commit()
+    assert heard.within(1) == ["q2"]
+    # Two transactions within the throttle's 0.1 s: one wakeup (the worker it woke claims both).
+    for _ in range(2):
+        with Session(clean) as session:
+            jobs.enqueue(session, Ping(), queue="q1")
+            session.commit()
+    assert heard.within(QUIET) == ["q1"]
+    time.sleep(0.15)
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(), queue="q1")
+        session.commit()
+    assert heard.within(1) == ["q1"]
+
+
+def test_none_sends_no_wakeup(clean: Engine, heard: Heard) -> None:
+    jobs = make_jobs("none")
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping())
+        jobs.enqueue_many(session, [Ping()] * 100)
+        session.commit()
+    assert heard.within(QUIET) == []
+
+
+@pytest.mark.parametrize("mode", ["after_commit", "in_transaction"])
+def test_a_job_not_due_yet_wakes_no_one_and_one_due_now_does(
+    clean: Engine, heard: Heard, mode: str
+) -> None:
+    jobs = make_jobs(mode)
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(), delay=timedelta(seconds=30))
+        jobs.enqueue(session, Ping(), run_at=datetime.now(timezone.utc) + timedelta(hours=1))
+        jobs.enqueue_many(session, [Ping()] * 100, delay=5)
+        session.commit()
+    assert heard.within(QUIET) == []
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(), run_at=datetime.now(timezone.utc) - timedelta(seconds=1))
+        session.commit()
+    assert heard.within(1) == ["default"]
+
+
+def test_an_async_session_wakes_after_its_commit_and_not_for_a_rolled_back_savepoint(
+    migrated_url: str, clean: Engine, heard: Heard
+) -> None:
+    jobs = make_jobs()
+
+    async def scenario() -> list[str]:
+        engine = create_async_engine(sqlalchemy_url(migrated_url), poolclass=NullPool)
+        try:
+            async with AsyncSession(engine) as session:
+                await jobs.enqueue_async(session, Ping(), queue="async")
+                nested = await session.begin_nested()
+                await jobs.enqueue_many_async(session, [Ping()], queue="async-dropped")
+                await nested.rollback()
+                quiet = heard.within(QUIET)
+                await session.commit()
+                return quiet
+        finally:
+            await engine.dispose()
+
+    assert asyncio.run(scenario()) == []
+    assert heard.within(1) == ["async"]
+
+
+def _enqueue_in_child(url: str) -> None:
+    engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
+    with Session(engine) as session:
+        make_jobs().enqueue(session, Ping(), queue="child")
+        session.commit()
+    # multiprocessing ends a child with os._exit (no atexit): flush as a long-lived one would.
+    assert _notifier.flush_all(5)
+    engine.dispose()
+
+
+def test_a_forked_child_gets_its_own_notifier_and_leaves_the_parents_working(
+    migrated_url: str, clean: Engine, heard: Heard
+) -> None:
+    jobs = make_jobs()
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(), queue="parent")
+        session.commit()
+    assert heard.within(1) == ["parent"]
+    child = multiprocessing.get_context("fork").Process(
+        target=_enqueue_in_child, args=(migrated_url,)
+    )
+    child.start()
+    child.join(30)
+    assert child.exitcode == 0
+    assert heard.within(1) == ["child"]
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(), queue="parent-again")
+        session.commit()
+    assert heard.within(1) == ["parent-again"]
+
+
+def notifier_pids(engine: Engine) -> list[int]:
+    with engine.connect() as conn:
+        return list(
+            conn.scalars(
+                text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name LIKE 'sqla-jobs notifier %'"
+                )
+            )
+        )
+
+
+def test_a_killed_notifier_connection_reconnects_for_the_next_wakeup(
+    clean: Engine, heard: Heard
+) -> None:
+    jobs = make_jobs()
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(), queue="before")
+        session.commit()
+    assert heard.within(1) == ["before"]
+    with clean.connect() as conn:
+        for pid in notifier_pids(clean):
+            conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(), queue="after")
+        session.commit()
+    assert heard.within(2) == ["after"]
+
+
+def test_jobs_are_still_picked_up_by_polling_when_the_notifier_cannot_connect(
+    clean: Engine, migrated_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    jobs = make_jobs()
+    done: list[int] = []
+
+    @jobs.kind("counted", Counted)
+    def counted(args: Counted, ctx: JobContext) -> None:
+        done.append(args.n)
+
+    database = clean.url.database
+    with running_workers(jobs, migrated_url, poll_interval=0.3) as (worker,):
+        wait_until(lambda: worker.listener is not None and worker.listener.connected.is_set())
+        with Session(clean) as session:
+            jobs.enqueue(session, Ping(n=1))  # the notifier is connected now
+            session.commit()
+        assert _notifier.flush_all(5)
+        # From another database: PostgreSQL refuses to close the one it is connected to.
+        server = create_engine(sqlalchemy_url(with_database(migrated_url, "postgres")))
+        with server.connect() as admin:
+            # The Session below takes the pooled connection the enqueue above left open.
+            admin.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS false'))
+            admin.commit()
+            try:
+                for pid in notifier_pids(clean):
+                    admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                admin.commit()
+                with caplog.at_level(logging.WARNING, logger="sqla_jobs.enqueue"):
+                    with Session(clean) as session:
+                        jobs.enqueue(session, Counted(n=2))
+                        session.commit()
+                    wait_until(lambda: 2 in done, timeout=10, what="the job found by polling")
+                    assert any(
+                        getattr(r, "event", None) == "notifier_failed" for r in caplog.records
+                    )
+            finally:
+                admin.execute(text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS true'))
+                admin.commit()
+        server.dispose()
+
+
+def test_an_unknown_wakeup_mode_is_a_configuration_error() -> None:
+    with pytest.raises(ConfigurationError, match="wakeup must be one of"):
+        Jobs(wakeup="sometimes")  # type: ignore[arg-type]
