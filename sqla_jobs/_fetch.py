@@ -53,6 +53,9 @@ class FetchLoop:
         self._prefetch = prefetch
         self._wakeups = wakeups
         self._handoff = handoff
+        #: The wakeup count when the polling floor last fired: the claim it causes asks
+        #: Lanes.claimable first, unless a wakeup came since (a NOTIFY claims as it always did).
+        self._polled: int | None = None
 
     async def run(self) -> None:
         """Run every lane's loop until stopped; an unexpected error in one stops them all (after
@@ -120,6 +123,7 @@ class FetchLoop:
                 and time.monotonic() - wakeups.last_claim >= self._config.poll_interval
             ):
                 wakeups.drained = False  # the polling floor
+                self._polled = wakeups.count
 
     def _room(self) -> int:
         return self._holdings.room(self._config.concurrency, self._prefetch.size)
@@ -161,17 +165,36 @@ class FetchLoop:
             except BaseException:
                 holdings.restore_buffer(stale)
                 raise
+        queues: list[str] | None = None
+        if want_claim and self._polled is not None:
+            queues = await self._probe(lane)
+            want_claim = queues is None or bool(queues)
         if not (want_claim or want_flush):
             return False
         limit = min(room, limit) if want_claim else 0
         count = wakeups.count
-        claimed = await self._lanes.write_and_claim(limit, lane)
+        claimed = await self._lanes.write_and_claim(limit, lane, queues)
         if want_claim:
             wakeups.last_claim = time.monotonic()
             # Fewer than asked: the queue is empty for now. But a wakeup that arrived while the
             # claim was in flight may announce a job committed after the claim's snapshot.
             wakeups.drained = claimed < limit and wakeups.count == count
         return want_claim and not wakeups.drained
+
+    async def _probe(self, lane: Lane) -> list[str] | None:
+        """For the poll: the queues with something to claim (an empty list: none, and the
+        worker is drained again); None to claim every queue (a wakeup came since the poll)."""
+        wakeups = self._wakeups
+        polled, self._polled = self._polled, None
+        if wakeups.count != polled or not self._lanes.probes:
+            return None
+        queues = await self._lanes.claimable(lane)
+        if wakeups.count != polled:
+            return None  # a NOTIFY came while the probe was in flight
+        if not queues:
+            wakeups.last_claim = time.monotonic()
+            wakeups.drained = True
+        return queues
 
     def want_claim(self, room: int | None = None) -> bool:
         """Whether to claim now: refill when the local buffer runs low (claims come in batches,

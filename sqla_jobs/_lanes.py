@@ -73,6 +73,9 @@ class Lanes:
         self.committed = self._writer.committed
         self.lanes = [Lane(i) for i in range(LANES if config.concurrency > 1 else 1)]
         self._queue_turn = 0
+        #: The idle poll asks :meth:`claimable` first: a claim per queue (and a keyed claim's
+        #: transaction) costs more than the one probe. A lone unkeyed queue's claim is its own.
+        self.probes = len(config.queues) > 1 or keyed
 
     async def connection(self, lane: Lane) -> AsyncConn:
         """``lane``'s connection, opened if it has none."""
@@ -106,14 +109,27 @@ class Lanes:
             **self._holdings.crash_params(),
         )
 
-    async def write_and_claim(self, limit: int, lane: Lane | None = None) -> int:
+    async def claimable(self, lane: Lane) -> list[str]:
+        """The worker's queues that have a job to claim now (not paused; keyed jobs counted when
+        the worker runs keyed kinds), in one statement on ``lane``. Reads only; locks nothing."""
+        conn = await self.connection(lane)
+        probe = self._sql.claimable_queues
+        cur = await conn.execute(
+            probe.sql, probe.params(queues=list(self._config.queues), keyed=self._keyed)
+        )
+        return [str(row[0]) for row in await cur.fetchall()]
+
+    async def write_and_claim(
+        self, limit: int, lane: Lane | None = None, queues: list[str] | None = None
+    ) -> int:
         """Write the finished jobs' outcomes and claim up to ``limit`` jobs on ``lane`` (default
-        the first) in one round trip; the number claimed."""
+        the first) in one round trip, from ``queues`` (default every queue the worker serves);
+        the number claimed."""
         lane = lane or self.lanes[0]
         self._wakeups.in_flight += 1
         self._holdings.reserved += limit
         try:
-            return await self._round_trip(limit, lane)
+            return await self._round_trip(limit, lane, queues or list(self._config.queues))
         finally:
             self._wakeups.in_flight -= 1
             self._holdings.reserved -= limit
@@ -123,9 +139,8 @@ class Lanes:
         if self._holdings.finished:
             await self.write_and_claim(0)
 
-    async def _round_trip(self, limit: int, lane: Lane) -> int:
+    async def _round_trip(self, limit: int, lane: Lane, queues: list[str]) -> int:
         holdings = self._holdings
-        queues = self._config.queues
         first = queues[self._queue_turn % len(queues)]
         self._queue_turn += 1
         batch, holdings.finished = holdings.finished, []

@@ -78,6 +78,7 @@ class WorkerSQL:
         self.reap = compile_statement(statements.reap(), schema)
         self.lock_keys = compile_statement(statements.lock_keys(), schema)
         self.claim_keyed = compile_statement(claim_keyed(), schema)
+        self.claimable_queues = compile_statement(statements.claimable_queues(), schema)
         self.record_step = compile_statement(statements.record_step(), schema)
         self.deferred_job_triggers = compile_statement(statements.deferred_job_triggers(), schema)
         #: The job table's name, as the catalog statements take it.

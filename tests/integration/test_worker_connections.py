@@ -7,7 +7,6 @@ import threading
 from typing import Any
 
 import pytest
-
 from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
