@@ -21,7 +21,7 @@ import threading
 import time
 
 import psycopg
-from psycopg import sql
+from psycopg import pq, sql
 
 log = logging.getLogger("sqla_jobs.enqueue")
 
@@ -42,6 +42,8 @@ class Notifier(threading.Thread):
         self._stopping = False
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None
         self._failing = False
+        #: Each wakeup's (channel, queue) row, quoted once.
+        self._rows: dict[tuple[str, str], bytes] = {}
         #: Statements sent (each carrying one or more wakeups); tests and the bench read it.
         self.sent = 0
 
@@ -85,17 +87,16 @@ class Notifier(threading.Thread):
             self._close()
 
     def _send(self, batch: list[tuple[str, str]]) -> None:
-        # One simple-query round trip, literals quoted by psycopg: a transaction of its own, so
-        # that SET LOCAL holds behind PgBouncer's transaction pooling too.
-        notifies = sql.SQL(" ").join(
-            sql.SQL("SELECT pg_notify({}, {});").format(sql.Literal(c), sql.Literal(q))
-            for c, q in batch
-        )
-        statement = sql.SQL("BEGIN; SET LOCAL synchronous_commit = off; {} COMMIT").format(notifies)
         for attempt in (1, 2):
             try:
                 conn = self._connect()
-                conn.execute(statement)
+                # Sent by libpq directly: the GIL is released for the round trip, and the
+                # application's threads keep it.
+                result = conn.pgconn.exec_(self._statement(conn, batch))
+                if result.status != pq.ExecStatus.TUPLES_OK:
+                    raise psycopg.OperationalError(
+                        (result.error_message or conn.pgconn.error_message).decode(errors="replace")
+                    )
                 self.sent += 1
                 if self._failing:
                     self._failing = False
@@ -106,6 +107,23 @@ class Notifier(threading.Thread):
                 if attempt == 2 or self._stopping:
                     self._lost(exc, len(batch))
                     return
+
+    def _statement(
+        self, conn: psycopg.Connection[tuple[object, ...]], batch: list[tuple[str, str]]
+    ) -> bytes:
+        # One statement, its own implicit transaction: set_config(..., true) is SET LOCAL, in
+        # force when that transaction commits (and safe behind PgBouncer's transaction pooling).
+        rows = []
+        for wakeup in batch:
+            row = self._rows.get(wakeup)
+            if row is None:
+                channel, queue = (sql.Literal(v).as_bytes(conn) for v in wakeup)
+                row = self._rows[wakeup] = b"(%s, %s)" % (channel, queue)
+            rows.append(row)
+        return (
+            b"SELECT pg_notify(c, q) FROM (SELECT set_config('synchronous_commit', 'off', true))"
+            b" AS lax, (VALUES %s) AS w (c, q)" % b", ".join(rows)
+        )
 
     def _lost(self, exc: BaseException, count: int) -> None:
         if not self._failing:
