@@ -15,8 +15,10 @@ commit and the send only delays the job to the next poll.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
+import select
 import threading
 import time
 
@@ -27,38 +29,53 @@ log = logging.getLogger("sqla_jobs.enqueue")
 
 #: Seconds between two connection attempts while the server cannot be reached.
 RETRY = 1.0
+#: Seconds the thread waits on an idle connection before looking again (a stop pokes it).
+CHECK = 5.0
 
 
 class Notifier(threading.Thread):
     """Sends ``pg_notify(channel, queue)`` for what :meth:`send` is given, on its own connection
-    to ``conninfo``, as soon as it can; one per process and server (:func:`notifier`)."""
+    to ``conninfo``; one per process and server (:func:`notifier`).
+
+    The committing thread writes the statement to the socket itself (libpq in non-blocking mode:
+    no wait, no thread hand-off before the NOTIFY leaves); this thread reads the results, sends
+    what arrived meanwhile, and (re)connects. One statement is in flight at a time.
+    """
 
     def __init__(self, conninfo: str) -> None:
         super().__init__(name="sqla-jobs-notifier", daemon=True)
         self._conninfo = conninfo
         self._cond = threading.Condition()
         self._pending: dict[tuple[str, str], None] = {}
-        self._sending = False
+        self._batch: list[tuple[str, str]] = []  # in flight
+        self._flushing = False  # the statement is not all written yet
         self._stopping = False
-        self._conn: psycopg.Connection[tuple[object, ...]] | None = None
+        self._conn: psycopg.Connection[tuple[object, ...]] | None = None  # set when usable
         self._failing = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
         #: Each wakeup's (channel, queue) row, quoted once.
         self._rows: dict[tuple[str, str], bytes] = {}
         #: Statements sent (each carrying one or more wakeups); tests and the bench read it.
         self.sent = 0
 
     def send(self, channel: str, queues: list[str]) -> None:
-        """Queue a wakeup of ``queues`` on ``channel``; never blocks on the database."""
+        """Send a wakeup of ``queues`` on ``channel`` now, or as soon as the statement in flight
+        is answered; never blocks on the database."""
         with self._cond:
             for queue in queues:
                 self._pending[(channel, queue)] = None
-            self._cond.notify()
+            if self._batch or self._conn is None:
+                if self._conn is None:
+                    self._poke()  # the thread connects, then sends
+                return
+            self._start()
 
     def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until nothing is pending or in flight."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._pending or self._sending:
+            while self._pending or self._batch:
                 left = deadline - time.monotonic()
                 if left <= 0 or not self.is_alive():
                     return False
@@ -68,45 +85,141 @@ class Notifier(threading.Thread):
     def stop(self) -> None:
         with self._cond:
             self._stopping = True
-            self._cond.notify_all()
+            self._poke()
+
+    def _poke(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _drain_pokes(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
+
+    def _start(self) -> None:
+        """Write the pending wakeups' statement (under the lock, connected, nothing in flight)."""
+        assert self._conn is not None
+        batch, self._pending = list(self._pending), {}
+        self._batch = batch
+        pgconn = self._conn.pgconn
+        try:
+            pgconn.send_query(self._statement(self._conn, batch))
+            self._flushing = pgconn.flush() != 0
+        except psycopg.Error as exc:
+            self._lost_locked(exc)  # the thread reconnects and sends them
+            self._poke()
+            return
+        if self._flushing:
+            self._poke()  # the thread writes the rest when the socket takes it
 
     def run(self) -> None:
         try:
-            while True:
-                with self._cond:
-                    self._sending = False
-                    self._cond.notify_all()
-                    while not self._pending and not self._stopping:
-                        self._cond.wait()
+            while not self._stopping or self._pending or self._batch:
+                if self._conn is None:
+                    # Connected only while there is something to send: a connection lost while
+                    # idle (a restart, a dropped database) costs nothing until the next wakeup.
                     if not self._pending:
-                        return
-                    batch, self._pending = list(self._pending), {}
-                    self._sending = True
-                self._send(batch)
+                        select.select([self._wake_r], [], [], CHECK)
+                        self._drain_pokes()
+                    elif not self._connect() and self._stopping:
+                        break
+                    continue
+                self._serve_once()
         finally:
             self._close()
+            with self._cond:
+                self._cond.notify_all()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
-    def _send(self, batch: list[tuple[str, str]]) -> None:
-        for attempt in (1, 2):
+    def _serve_once(self) -> None:
+        """Wait for the answer in flight, a poke or a writable socket; act on them."""
+        assert self._conn is not None
+        pgconn = self._conn.pgconn
+        writing = [pgconn.socket] if self._flushing else []
+        try:
+            readable, writable, _ = select.select([pgconn.socket, self._wake_r], writing, [], CHECK)
+        except (OSError, ValueError) as exc:
+            self._lost(exc)
+            return
+        if self._wake_r in readable:
+            self._drain_pokes()
+        with self._cond:
             try:
-                conn = self._connect()
-                # Sent by libpq directly: the GIL is released for the round trip, and the
-                # application's threads keep it.
-                result = conn.pgconn.exec_(self._statement(conn, batch))
-                if result.status != pq.ExecStatus.TUPLES_OK:
-                    raise psycopg.OperationalError(
-                        (result.error_message or conn.pgconn.error_message).decode(errors="replace")
-                    )
-                self.sent += 1
-                if self._failing:
-                    self._failing = False
-                    log.info("wakeups sent again", extra={"event": "notifier_back"})
-                return
-            except (psycopg.Error, OSError) as exc:
-                self._close()
-                if attempt == 2 or self._stopping:
-                    self._lost(exc, len(batch))
-                    return
+                if self._flushing and writable:
+                    self._flushing = pgconn.flush() != 0
+                if pgconn.socket in readable:
+                    pgconn.consume_input()
+                    if pgconn.status != pq.ConnStatus.OK:
+                        raise psycopg.OperationalError("the server closed the connection")
+                if self._batch and not self._flushing and not pgconn.is_busy():
+                    self._answered(pgconn)
+                if not self._batch and self._pending:
+                    self._start()
+            except psycopg.Error as exc:
+                self._lost_locked(exc)
+
+    def _answered(self, pgconn: pq.abc.PGconn) -> None:
+        error = None
+        while (result := pgconn.get_result()) is not None:
+            if result.status != pq.ExecStatus.TUPLES_OK:
+                error = result.error_message or pgconn.error_message
+        if error is not None:
+            raise psycopg.OperationalError(error.decode(errors="replace").strip())
+        self._batch = []
+        self.sent += 1
+        if self._failing:
+            self._failing = False
+            log.info("wakeups sent again", extra={"event": "notifier_back"})
+        self._cond.notify_all()
+
+    def _connect(self) -> bool:
+        try:
+            conn = psycopg.connect(
+                self._conninfo,
+                autocommit=True,
+                connect_timeout=5,
+                application_name=f"sqla-jobs notifier {os.getpid()}",
+            )
+            conn.pgconn.nonblocking = 1
+        except psycopg.Error as exc:
+            self._lost(exc)
+            return False
+        with self._cond:
+            self._conn = conn
+            if self._pending:
+                self._start()
+        return True
+
+    def _lost(self, exc: BaseException) -> None:
+        with self._cond:
+            self._lost_locked(exc)
+        if not self._stopping:
+            # A server that cannot be reached is not hammered; a stop ends the pause.
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping, RETRY)
+
+    def _lost_locked(self, exc: BaseException) -> None:
+        """The connection failed: drop it, keep what was in flight for the next connection (a
+        wakeup sent twice costs a claim that finds nothing), log once per outage. Until the
+        server is back, the workers' poll finds the jobs."""
+        self._pending.update(dict.fromkeys(self._batch))
+        count = len(self._pending)
+        self._batch, self._flushing = [], False
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            _close_quietly(conn)
+        if count and not self._failing:
+            self._failing = True
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning(
+                "could not send %d wakeup(s) after commit (workers find the jobs by polling): %s",
+                count,
+                message,
+                extra={"event": "notifier_failed"},
+            )
+        self._cond.notify_all()
 
     def _statement(
         self, conn: psycopg.Connection[tuple[object, ...]], batch: list[tuple[str, str]]
@@ -125,36 +238,18 @@ class Notifier(threading.Thread):
             b" AS lax, (VALUES %s) AS w (c, q)" % b", ".join(rows)
         )
 
-    def _lost(self, exc: BaseException, count: int) -> None:
-        if not self._failing:
-            self._failing = True
-            log.warning(
-                "could not send %d wakeup(s) after commit (workers find the jobs by polling): %s",
-                count,
-                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-                extra={"event": "notifier_failed"},
-            )
-        with self._cond:
-            # Pause before the next try, unless stopping: a server that is down is not hammered.
-            self._cond.wait_for(lambda: self._stopping, RETRY)
-
-    def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
-        if self._conn is None or self._conn.closed:
-            self._conn = psycopg.connect(
-                self._conninfo,
-                autocommit=True,
-                connect_timeout=5,
-                application_name=f"sqla-jobs notifier {os.getpid()}",
-            )
-        return self._conn
-
     def _close(self) -> None:
-        conn, self._conn = self._conn, None
+        with self._cond:
+            conn, self._conn = self._conn, None
         if conn is not None:
-            try:
-                conn.close()
-            except Exception:
-                pass
+            _close_quietly(conn)
+
+
+def _close_quietly(conn: psycopg.Connection[tuple[object, ...]]) -> None:
+    try:
+        conn.close()
+    except Exception:
+        pass
 
 
 _lock = threading.Lock()
