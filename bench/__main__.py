@@ -23,7 +23,20 @@ from typing import Any
 from devdb import database_url
 from sqla_jobs._db import redact
 
-from . import contention, drain, enqueue, latency, memory, mvcc, prune, report, session, sustained
+from . import (
+    commit_path,
+    contention,
+    drain,
+    enqueue,
+    growth,
+    latency,
+    memory,
+    mvcc,
+    prune,
+    report,
+    session,
+    sustained,
+)
 from .dbs import server_info
 from .figures import Outcome, Row
 from .settings import FULL, QUICK, Context
@@ -36,8 +49,10 @@ MEASUREMENTS: dict[str, Callable[[Context], Outcome]] = {
     "latency": latency.run,
     "mvcc": mvcc.run,
     "contention": contention.run,
+    "commit_path": commit_path.run,
     "memory": memory.run,
     "prune": prune.run,
+    "growth": growth.run,
     "sustained": sustained.run,
 }
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -7,17 +7,21 @@ sides.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from sqlalchemy import literal, select
+from sqlalchemy import BigInteger, Identity, Text, literal, select
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.orm import Session
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from sqlalchemy.sql import ClauseElement
 
-from sqla_jobs import statements
+from sqla_jobs import Jobs, statements
 from sqla_jobs._db import libpq_conninfo
 from sqla_jobs.model import notify_channel
 
@@ -48,8 +52,13 @@ def _session_loop(url: str, n: int, body: Callable[[Session, int], object]) -> f
         engine.dispose()
 
 
-def single_sqla(url: str, n: int) -> float:
+def single_sqla(url: str, n: int, wakeup: str | None = None) -> float:
+    """One ``jobs.enqueue`` per Session transaction (``wakeup``: the ``Jobs`` mode; None: the
+    default)."""
     jobs = make_jobs()
+    if wakeup is not None:
+        jobs = Jobs(wakeup=wakeup)  # type: ignore[arg-type]
+        jobs.register(KIND, Ping)
     payloads = [Ping(n=i) for i in range(n)]
     return _session_loop(url, n, lambda s, i: jobs.enqueue(s, payloads[i] if i >= 0 else Ping(n=i)))
 
@@ -72,14 +81,21 @@ def session_floor(url: str, n: int) -> float:
     return _session_loop(url, n, lambda s, i: s.execute(one).one())
 
 
-def session_insert_floor(url: str, n: int) -> float:
-    """The least an enqueue through a ``Session`` costs once it writes: the same loop as
-    :func:`single_sqla`, sending the enqueue's own INSERT (with its NOTIFY) as precompiled SQL
-    through ``exec_driver_sql``, with no validation, no compile and no ``Job`` built. What is left
-    over the raw INSERT+COMMIT is the Session and SQLAlchemy's execute path around one write."""
-    # What enqueue sends for a job without meta.
-    lean = statements.insert_job_and_notify(lean=True)
-    sql = str(lean.compile(dialect=postgresql.psycopg.dialect()))
+#: Whether ``jobs.enqueue`` sends its NOTIFY after the commit, from a notifier of its own (the
+#: ``wakeup="after_commit"`` default), rather than folded into its INSERT.
+NOTIFY_AFTER_COMMIT = "wakeup" in inspect.signature(Jobs).parameters
+
+
+def _enqueue_insert() -> tuple[str, dict[str, Any]]:
+    """What ``jobs.enqueue`` sends in the transaction for a ``ping`` job without options: its
+    INSERT (with its NOTIFY folded in, unless the NOTIFY comes after the commit), compiled for
+    psycopg, and its parameters but the payload."""
+    lean: ClauseElement = (
+        statements.insert_job(lean=True)
+        if NOTIFY_AFTER_COMMIT
+        else statements.insert_job_and_notify(lean=True)
+    )
+    sql = str(lean.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
     params = {
         "queue": "default",
         "kind": KIND,
@@ -90,9 +106,18 @@ def session_insert_floor(url: str, n: int) -> float:
         "max_crashes": 3,
         "concurrency_key": None,
         "concurrency_limit": None,
-        "channel": notify_channel(None),
-        "queue_name": "default",
     }
+    if not NOTIFY_AFTER_COMMIT:
+        params.update(channel=notify_channel(None), queue_name="default")
+    return sql, params
+
+
+def session_insert_floor(url: str, n: int) -> float:
+    """The least an enqueue through a ``Session`` costs once it writes: the same loop as
+    :func:`single_sqla`, sending the enqueue's own INSERT (with its NOTIFY) as precompiled SQL
+    through ``exec_driver_sql``, with no validation, no compile and no ``Job`` built. What is left
+    over the raw INSERT+COMMIT is the Session and SQLAlchemy's execute path around one write."""
+    sql, params = _enqueue_insert()
     texts = [json.dumps(payload_dict(i)) for i in range(n)]
 
     def insert(s: Session, i: int) -> object:
@@ -100,6 +125,88 @@ def session_insert_floor(url: str, n: int) -> float:
         return s.connection().exec_driver_sql(sql, {**params, "payload": payload}).one()
 
     return _session_loop(url, n, insert)
+
+
+def _raw_loop(url: str, n: int, *, autocommit: bool) -> float:
+    sql, params = _enqueue_insert()
+    texts = [json.dumps(payload_dict(i)) for i in range(n)]
+    with psycopg.connect(libpq_conninfo(url), autocommit=autocommit) as conn:
+
+        def one(payload: str) -> None:
+            conn.execute(sql, {**params, "payload": payload}).fetchone()
+            if not autocommit:
+                conn.commit()
+
+        for i in range(WARMUP):
+            one(json.dumps(payload_dict(-i - 1)))
+        t0 = time.perf_counter()
+        for text in texts:
+            one(text)
+        return n / (time.perf_counter() - t0)
+
+
+def raw_transaction(url: str, n: int) -> float:
+    """The enqueue's INSERT (with its NOTIFY) on a raw psycopg connection: BEGIN, INSERT, COMMIT,
+    the same three round trips a Session makes."""
+    return _raw_loop(url, n, autocommit=False)
+
+
+def raw_autocommit(url: str, n: int) -> float:
+    """The enqueue's INSERT on a raw autocommit psycopg connection: one round trip per job."""
+    return _raw_loop(url, n, autocommit=True)
+
+
+class _Base(DeclarativeBase):
+    pass
+
+
+class Order(_Base):
+    """The business row of :func:`business_job` and :func:`business_row`."""
+
+    __tablename__ = "bench_order"
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    n: Mapped[int]
+    note: Mapped[str] = mapped_column(Text)
+
+
+class OrderEvent(_Base):
+    """The one more ORM row of :func:`business_row`: another table, so it is its own INSERT, as
+    the job's is."""
+
+    __tablename__ = "bench_order_event"
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    n: Mapped[int]
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONB)
+
+
+def _business_loop(url: str, n: int, body: Callable[[Session, int], object]) -> float:
+    engine = make_engine(url)
+    _Base.metadata.create_all(engine)
+    engine.dispose()
+    return _session_loop(url, n, body)
+
+
+def business_job(url: str, n: int) -> float:
+    """A business transaction: one ORM row added, and the job enqueued beside it."""
+    jobs = make_jobs()
+    payloads = [Ping(n=i) for i in range(n)]
+
+    def body(s: Session, i: int) -> object:
+        s.add(Order(n=i, note="bench"))
+        return jobs.enqueue(s, payloads[i] if i >= 0 else Ping(n=i))
+
+    return _business_loop(url, n, body)
+
+
+def business_row(url: str, n: int) -> float:
+    """:func:`business_job` with one more ORM row (of another table) in place of the job."""
+
+    def body(s: Session, i: int) -> object:
+        s.add(Order(n=i, note="bench"))
+        s.add(OrderEvent(n=i, payload=payload_dict(i)))
+        return None
+
+    return _business_loop(url, n, body)
 
 
 def single_baseline(url: str, n: int) -> float:
@@ -180,20 +287,47 @@ def bulk_baseline(url: str, n: int) -> float:
         return n / (time.perf_counter() - t0)
 
 
+#: The one-transaction-per-job loops, each timed in a database of its own, in a rotating order.
+SINGLE: dict[str, tuple[Subject, Callable[[str, int], float]]] = {
+    "enqueue": ("sqla_jobs", single_sqla),
+    **{
+        f"enqueue_{mode}": ("sqla_jobs", functools.partial(single_sqla, wakeup=mode))
+        for mode in ("none", "in_transaction")
+        if NOTIFY_AFTER_COMMIT
+    },
+    "unique": ("sqla_jobs", single_unique),
+    "floor": ("sqla_jobs", session_floor),
+    "insert_floor": ("sqla_jobs", session_insert_floor),
+    "raw_txn": ("sqla_jobs", raw_transaction),
+    "raw_autocommit": ("sqla_jobs", raw_autocommit),
+    "business_job": ("sqla_jobs", business_job),
+    "business_row": ("sqla_jobs", business_row),
+    "baseline": ("baseline", single_baseline),
+}
+
+
 def run(ctx: Context) -> Outcome:
     sizes = ctx.sizes
+    n = sizes.enqueue_single
+    single = {name: Series() for name in SINGLE}
+    names = list(SINGLE)
+    for rep in range(ctx.repeat):
+        # Rotate who goes first, so a drifting machine does not favour one loop.
+        shift = rep * 3 % len(names)
+        for name in names[shift:] + names[:shift]:
+            subject, fn = SINGLE[name]
+            with fresh_database(ctx.server_url, subject) as url:
+                rate = fn(url, n)
+            single[name].add(rate)
+            ctx.log(f"enqueue {name} rep {rep + 1}: {rate:,.0f} txn/s")
     cases = {
-        "single": (sizes.enqueue_single, single_sqla, single_baseline),
-        "single_unique": (sizes.enqueue_single, single_unique, single_baseline),
-        "floor": (sizes.enqueue_single, session_floor, single_baseline),
-        "insert_floor": (sizes.enqueue_single, session_insert_floor, single_baseline),
         "bulk": (sizes.enqueue_bulk, bulk_sqla, bulk_baseline),
         "bulk_unique": (sizes.enqueue_bulk, bulk_unique, bulk_baseline),
         "bulk_floor": (sizes.enqueue_bulk, bulk_table_floor, bulk_baseline),
     }
     results = {name: {"sqla_jobs": Series(), "baseline": Series()} for name in cases}
     for rep in range(ctx.repeat):
-        for name, (n, sqla_fn, base_fn) in cases.items():
+        for name, (count, sqla_fn, base_fn) in cases.items():
             # Alternate who goes first, so a drifting machine does not favour one side.
             order: list[Subject] = (
                 ["sqla_jobs", "baseline"] if rep % 2 == 0 else ["baseline", "sqla_jobs"]
@@ -201,7 +335,7 @@ def run(ctx: Context) -> Outcome:
             for subject in order:
                 fn = sqla_fn if subject == "sqla_jobs" else base_fn
                 with fresh_database(ctx.server_url, subject) as url:
-                    rate = fn(url, n)
+                    rate = fn(url, count)
                 results[name][subject].add(rate)
                 ctx.log(f"enqueue {name} {subject} rep {rep + 1}: {rate:,.0f} jobs/s")
 
@@ -209,17 +343,42 @@ def run(ctx: Context) -> Outcome:
         got = results[name]
         return Row("enqueue", label, unit, got["sqla_jobs"], got["baseline"], against, **extra)
 
-    single, bulk = f"{sizes.enqueue_single:,}", f"{sizes.enqueue_bulk:,}"
+    def pair(a: str, b: str, label: str, against: str, who: str, **extra: Any) -> Row:
+        return Row(
+            "enqueue", label, "txn/s", single[a], single[b], against, subject_label=who, **extra
+        )
+
+    one, bulk = f"{n:,}", f"{sizes.enqueue_bulk:,}"
+    raw = "raw INSERT+COMMIT"
     rows = [
-        row("single", f"1 txn per job, {single} jobs (ORM enqueue vs INSERT+COMMIT)", "jobs/s",
-            "raw INSERT+COMMIT", target=Target("ratio_min", 0.7)),
-        row("single_unique", f"1 txn per job, {single} unique jobs (ORM enqueue, ON CONFLICT)",
-            "jobs/s", "raw INSERT+COMMIT", subject_label="sqla-jobs, unique kind"),
-        row("floor", f"Session floor: SELECT 1 per Session txn, {single} (bounds the above)",
-            "txn/s", "raw INSERT+COMMIT", subject_label="Session + SELECT 1"),
-        row("insert_floor", f"Session INSERT floor: the enqueue's INSERT via exec_driver_sql, "
-            f"{single} (bounds the above)", "jobs/s", "raw INSERT+COMMIT",
-            subject_label="Session + raw INSERT"),
+        pair("enqueue", "baseline", f"1 txn per job, {one} jobs (ORM enqueue vs INSERT+COMMIT)",
+             raw, "sqla-jobs", target=Target("ratio_min", 0.7)),
+        pair("enqueue", "insert_floor", f"1 txn per job, {one} jobs: ORM enqueue vs the Session "
+             "INSERT floor (like with like)", "Session + raw INSERT", "sqla-jobs",
+             target=Target("ratio_min", 0.9)),
+        pair("business_job", "business_row", f"a business row + the job vs a business row + one "
+             f"more ORM row, {one} txns", "business row + ORM row", "business row + enqueue",
+             target=Target("ratio_min", 0.9)),
+        *(
+            pair(f"enqueue_{mode}", "insert_floor", f"1 txn per job, {one} jobs: ORM enqueue with "
+                 f"wakeup={mode!r} vs the Session INSERT floor", "Session + raw INSERT",
+                 f"sqla-jobs, wakeup={mode}")
+            for mode in ("none", "in_transaction")
+            if f"enqueue_{mode}" in single
+        ),
+        pair("unique", "baseline", f"1 txn per job, {one} unique jobs (ORM enqueue, ON CONFLICT)",
+             raw, "sqla-jobs, unique kind"),
+        pair("floor", "baseline", f"Session floor: SELECT 1 per Session txn, {one} (bounds the "
+             "above)", raw, "Session + SELECT 1"),
+        pair("insert_floor", "baseline", f"Session INSERT floor: the enqueue's INSERT via "
+             f"exec_driver_sql, {one} (bounds the above)", raw, "Session + raw INSERT"),
+        pair("raw_txn", "baseline", f"the enqueue's INSERT on raw psycopg, BEGIN/INSERT/COMMIT, "
+             f"{one}", raw, "psycopg, 3 round trips"),
+        pair("insert_floor", "raw_txn", f"Session INSERT floor vs the same INSERT on raw psycopg "
+             f"(BEGIN/INSERT/COMMIT), {one}", "psycopg, 3 round trips", "Session + raw INSERT"),
+        pair("raw_autocommit", "raw_txn", f"the enqueue's INSERT on raw psycopg, autocommit (1 "
+             f"round trip) vs BEGIN/INSERT/COMMIT, {one}", "psycopg, 3 round trips",
+             "psycopg, autocommit"),
         row("bulk", f"bulk {bulk} jobs, 1 commit (enqueue_many vs COPY)", "jobs/s", "COPY",
             target=Target("ratio_min", 0.5)),
         row("bulk_unique", f"bulk {bulk} unique jobs, 1 commit (enqueue_many: INSERT ON "
@@ -227,4 +386,4 @@ def run(ctx: Context) -> Outcome:
         row("bulk_floor", f"the baseline's COPY loop, {bulk} into the sqla-jobs table (what the "
             "table costs)", "jobs/s", "COPY", subject_label="raw COPY, sqla-jobs table"),
     ]  # fmt: skip
-    return Outcome(rows)
+    return Outcome(rows, {"single": {k: v.as_dict() for k, v in single.items()}})

@@ -31,6 +31,17 @@ class Sizes:
     memory_jobs: int = 100_000
     memory_concurrency: int = 16
     prune_history: int = 1_000_000
+    commit_path_seconds: float = 12.0
+    commit_path_clients: tuple[int, ...] = (1, 8, 32, 64)
+    growth_drain: int = 20_000
+    growth_big: int = 2_000_000
+    growth_dead: int = 500_000
+    growth_keys: int = 1_000
+    growth_pickup_jobs: int = 100
+    growth_cpu_seconds: float = 10.0
+    growth_idle_queues: int = 50
+    #: Which backlogs of bench.growth to load (None: all of them).
+    growth_backlogs: tuple[str, ...] | None = None
 
 
 FULL = Sizes()
@@ -48,6 +59,14 @@ QUICK = Sizes(
     contention_jobs=20_000,
     memory_jobs=10_000,
     prune_history=50_000,
+    commit_path_seconds=2.0,
+    growth_drain=2_000,
+    growth_big=50_000,
+    growth_dead=20_000,
+    growth_keys=100,
+    growth_pickup_jobs=10,
+    growth_cpu_seconds=0.5,
+    growth_backlogs=("due", "scheduled", "keyed"),
 )
 
 

@@ -4,8 +4,9 @@ A ``pg_notify`` inside the application's transaction makes its COMMIT take Postg
 cluster-wide notification-queue lock and hold it until the commit record is flushed, which
 serializes every enqueuing commit. Here the NOTIFY goes out on a connection of its own, after the
 commit, in a transaction with ``synchronous_commit`` off: the lock is held for microseconds and no
-application commit waits on it. Wakeups that arrive while a send is in flight are coalesced into
-the next one (one statement per (channel, queue) set), so the notifier never falls behind.
+application commit waits on it. Wakeups that arrive while a send is in flight, or within
+:data:`INTERVAL` of the last one, are coalesced into the next statement, so the notifier never
+falls behind and a busy process adds at most 1 / INTERVAL small transactions a second.
 
 A wakeup is a hint: workers poll as a floor, and every (re)connect of their listener looks once.
 So a send that fails is logged (once per outage) and dropped, and a process that dies between its
@@ -29,6 +30,11 @@ log = logging.getLogger("sqla_jobs.enqueue")
 
 #: Seconds between two connection attempts while the server cannot be reached.
 RETRY = 1.0
+#: The least seconds between two sends of one process: the first wakeup after a quiet spell
+#: leaves at once, the ones that follow within this wait for it, coalesced into one statement.
+#: It bounds the NOTIFY transactions a busy process adds to the server's load to 1 / INTERVAL a
+#: second; a busy worker claims without being woken, an idle one hears within this.
+INTERVAL = 0.01
 #: Seconds the thread waits on an idle connection before looking again (a stop pokes it).
 CHECK = 5.0
 
@@ -39,7 +45,8 @@ class Notifier(threading.Thread):
 
     The committing thread writes the statement to the socket itself (libpq in non-blocking mode:
     no wait, no thread hand-off before the NOTIFY leaves); this thread reads the results, sends
-    what arrived meanwhile, and (re)connects. One statement is in flight at a time.
+    what arrived meanwhile, and (re)connects. One statement is in flight at a time, and sends
+    are at least :data:`INTERVAL` apart.
     """
 
     def __init__(self, conninfo: str) -> None:
@@ -48,6 +55,7 @@ class Notifier(threading.Thread):
         self._cond = threading.Condition()
         self._pending: dict[tuple[str, str], None] = {}
         self._batch: list[tuple[str, str]] = []  # in flight
+        self._last_start = 0.0  # time.monotonic() of the last send
         self._flushing = False  # the statement is not all written yet
         self._stopping = False
         self._conn: psycopg.Connection[tuple[object, ...]] | None = None  # set when usable
@@ -65,9 +73,9 @@ class Notifier(threading.Thread):
         with self._cond:
             for queue in queues:
                 self._pending[(channel, queue)] = None
-            if self._batch or self._conn is None:
-                if self._conn is None:
-                    self._poke()  # the thread connects, then sends
+            if self._batch or self._conn is None or not self._may_start():
+                if not self._batch:
+                    self._poke()  # the thread connects, or sends when the interval is over
                 return
             self._start()
 
@@ -102,6 +110,7 @@ class Notifier(threading.Thread):
         assert self._conn is not None
         batch, self._pending = list(self._pending), {}
         self._batch = batch
+        self._last_start = time.monotonic()
         pgconn = self._conn.pgconn
         try:
             pgconn.send_query(self._statement(self._conn, batch))
@@ -138,8 +147,13 @@ class Notifier(threading.Thread):
         assert self._conn is not None
         pgconn = self._conn.pgconn
         writing = [pgconn.socket] if self._flushing else []
+        timeout = CHECK
+        if self._pending and not self._batch:
+            timeout = max(0.0, self._last_start + INTERVAL - time.monotonic())
         try:
-            readable, writable, _ = select.select([pgconn.socket, self._wake_r], writing, [], CHECK)
+            readable, writable, _ = select.select(
+                [pgconn.socket, self._wake_r], writing, [], timeout
+            )
         except (OSError, ValueError) as exc:
             self._lost(exc)
             return
@@ -155,10 +169,13 @@ class Notifier(threading.Thread):
                         raise psycopg.OperationalError("the server closed the connection")
                 if self._batch and not self._flushing and not pgconn.is_busy():
                     self._answered(pgconn)
-                if not self._batch and self._pending:
+                if self._pending and not self._batch and self._may_start():
                     self._start()
             except psycopg.Error as exc:
                 self._lost_locked(exc)
+
+    def _may_start(self) -> bool:
+        return time.monotonic() - self._last_start >= INTERVAL
 
     def _answered(self, pgconn: pq.abc.PGconn) -> None:
         error = None

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from sqla_jobs import ConfigurationError, JobContext, Jobs, _notifier
+from sqla_jobs import ConfigurationError, JobContext, Jobs, _notifier, _notify
 from sqla_jobs._db import libpq_conninfo, sqlalchemy_url, with_database
 
 from ._workers import running_workers, wait_until
@@ -339,3 +339,32 @@ def test_jobs_are_still_picked_up_by_polling_when_the_notifier_cannot_connect(
 def test_an_unknown_wakeup_mode_is_a_configuration_error() -> None:
     with pytest.raises(ConfigurationError, match="wakeup must be one of"):
         Jobs(wakeup="sometimes")  # type: ignore[arg-type]
+
+
+def test_a_process_enqueueing_continuously_sends_at_most_one_statement_per_interval(
+    clean: Engine, heard: Heard
+) -> None:
+    """Every queue is woken, and the NOTIFY transactions the process adds stay within
+    1 / INTERVAL a second, however fast it commits."""
+    jobs = make_jobs()
+    with Session(clean) as session:  # the notifier connected and idle
+        jobs.enqueue(session, Ping(), queue="warm")
+        session.commit()
+    assert heard.within(1) == ["warm"]
+    assert _notifier.flush_all(5)
+    notifier = _notifier.notifier(_notify._conninfo(clean))
+    sent_before = notifier.sent
+    started = time.monotonic()
+    queues = [f"q{n}" for n in range(40)]
+    for queue in queues:
+        with Session(clean) as session:
+            jobs.enqueue(session, Ping(), queue=queue)
+            session.commit()
+    assert _notifier.flush_all(5)
+    elapsed = time.monotonic() - started
+    got: list[str] = []
+    while (more := heard.within(1)) and len(got) < len(queues):
+        got += more
+    assert sorted(got) == sorted(queues)
+    statements = notifier.sent - sent_before
+    assert 1 <= statements <= 1 + elapsed / _notifier.INTERVAL + 1, (statements, elapsed)
