@@ -2,9 +2,9 @@
 
 ``worker --impl sqla|single|batched``: a sqla-jobs ``Worker`` (``--handler``: one of the session
 measurement's) or the baseline's claim loops; prints ``ready``, starts on ``go``, stops on
-``stop``, prints its result as JSON. ``listen-worker``: an idle listening worker (sqla-jobs or the
-baseline's) that records when each handler started. ``enqueue-many`` and ``copy`` insert ``--jobs``
-jobs in one transaction and print their memory as JSON.
+``stop``, prints its result as JSON. ``enqueue-many`` and ``copy`` insert ``--jobs`` jobs in one
+transaction and print their memory as JSON. (The idle listening worker of the pickup measurement
+is ``python -m bench.latency listen-worker``.)
 """
 
 from __future__ import annotations
@@ -78,57 +78,6 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     return {"done": loops.stop(), "errors": []}
 
 
-def listen_worker(args: argparse.Namespace) -> dict[str, Any]:
-    """An idle worker whose handler records, by job number, the wall-clock time it started."""
-    starts: dict[int, float] = {}
-    if args.impl == "sqla":
-        from sqla_jobs.worker import Worker
-
-        from .app import Ping, make_jobs
-
-        async def record(payload: Ping, ctx: object) -> None:
-            starts[payload.n] = time.time()
-
-        w = Worker(
-            make_jobs(record), args.url, concurrency=4, poll_interval=args.poll, retention=None
-        )
-        thread = threading.Thread(
-            target=w.run_sync, kwargs={"install_signal_handlers": False}, daemon=True
-        )
-        _say("ready")
-        _wait_for("go")
-        thread.start()
-        deadline = time.monotonic() + 30
-        while w.listener is None or w.listener.connects < 1:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the worker did not LISTEN within 30 s")
-            time.sleep(0.005)
-        _say("listening")
-        _wait_for("stop")
-        w.stop()
-        thread.join(30)
-    else:
-
-        def record_dict(payload: dict[str, Any]) -> None:
-            starts[int(payload["n"])] = time.time()
-
-        from .app import KIND
-
-        lw = baseline.ListenWorker(
-            libpq_conninfo(args.url), poll=args.poll, handlers={KIND: record_dict}
-        )
-        _say("ready")
-        _wait_for("go")
-        lw.start()
-        if not lw.listening.wait(30):
-            raise TimeoutError("the baseline worker did not LISTEN within 30 s")
-        _say("listening")
-        _wait_for("stop")
-        lw.stop()
-        lw.join(30)
-    return {"starts": starts}
-
-
 def enqueue_many(args: argparse.Namespace) -> dict[str, Any]:
     from sqlalchemy.orm import Session
 
@@ -192,10 +141,6 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="with --impl sqla: one of bench.app.HANDLERS (default: the async no-op)",
     )
-    lw = sub.add_parser("listen-worker")
-    lw.add_argument("--impl", choices=("sqla", "baseline"), required=True)
-    lw.add_argument("--url", required=True)
-    lw.add_argument("--poll", type=float, default=10.0)
     for name in ("enqueue-many", "copy"):
         p = sub.add_parser(name)
         p.add_argument("--url", required=True)
@@ -203,7 +148,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     run = {
         "worker": worker,
-        "listen-worker": listen_worker,
         "enqueue-many": enqueue_many,
         "copy": copy,
     }[args.mode]

@@ -38,7 +38,7 @@ from sqla_jobs._db import libpq_conninfo, with_database
 from .dbs import PREFIX, TABLE, Subject, connect, fresh_database
 from .drain import IMPLS, backend_cpu
 from .figures import Outcome, Row, Series, percentile
-from .latency import ModuleChild, latencies, listening_worker, say, wait_for
+from .latency import latencies, listening_worker, say, wait_for
 from .procs import Child, Children, cpu_seconds
 from .settings import Context, Sizes
 
@@ -209,7 +209,7 @@ def drain_first(url: str, impl: str, jobs: int, *, keyed: bool = False) -> dict[
     with Children() as children, connect(url) as conn:
         if keyed:
             # bench.child's worker registers no concurrency limit, so it never runs keyed claims.
-            child: Child = ModuleChild("bench.growth", "keyed-worker", "--url", url)
+            child = Child("keyed-worker", "--url", url, module="bench.growth")
             children.items.append(child)
         else:
             child = children.spawn(

@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -39,7 +37,7 @@ from . import baseline
 from .app import KIND, Ping, make_engine, payload_dict
 from .dbs import TABLE, Subject, connect, fresh_database, wait_empty
 from .figures import Outcome, Row, Series, Target, percentile
-from .procs import ROOT, Child, Children, cpu_seconds
+from .procs import Child, Children, cpu_seconds
 from .settings import Context
 
 POLL = 10.0
@@ -91,24 +89,6 @@ def _enqueuer(
         yield raw
 
 
-class ModuleChild(Child):
-    """``python -m MODULE ARGS``, with :class:`~bench.procs.Child`'s protocol."""
-
-    def __init__(self, module: str, *args: str) -> None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-        self.pid = self.proc.pid
-
-
 @contextmanager
 def listening_worker(
     subject: Subject,
@@ -127,7 +107,7 @@ def listening_worker(
     if wakeup is not None:
         args += ["--wakeup", wakeup]
     with Children() as children:
-        child = ModuleChild("bench.latency", *args)
+        child = Child(*args, module="bench.latency")
         children.items.append(child)
         child.wait_ready()
         child.go()

@@ -40,14 +40,15 @@ def cpu_seconds(pid: int | str = "self") -> float:
 
 
 class Child:
-    """``python -m bench.child ARGS``: it prints ``ready`` once set up, starts on ``go`` and stops on
-    ``stop`` (both on stdin), then prints one JSON line with its result and exits."""
+    """``python -m bench.child ARGS`` (or another ``module``): it prints ``ready`` once set up,
+    starts on ``go`` and stops on ``stop`` (both on stdin), then prints one JSON line with its
+    result and exits."""
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, module: str = "bench.child") -> None:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.child", *args],
+            [sys.executable, "-m", module, *args],
             cwd=ROOT,
             env=env,
             stdin=subprocess.PIPE,
