@@ -71,11 +71,14 @@ class Notifier(threading.Thread):
         """Send a wakeup of ``queues`` on ``channel`` now, or as soon as the statement in flight
         is answered; never blocks on the database."""
         with self._cond:
+            first = not self._pending
             for queue in queues:
                 self._pending[(channel, queue)] = None
             if self._batch or self._conn is None or not self._may_start():
-                if not self._batch:
-                    self._poke()  # the thread connects, or sends when the interval is over
+                if first and not self._batch:
+                    # The thread connects, or sends when the interval is over; later wakeups
+                    # of the same wait ride along without waking it again.
+                    self._poke()
                 return
             self._start()
 
