@@ -22,6 +22,7 @@ import os
 import select
 import threading
 import time
+from collections.abc import Iterable
 
 import psycopg
 from psycopg import pq, sql
@@ -67,13 +68,13 @@ class Notifier(threading.Thread):
         #: Statements sent (each carrying one or more wakeups); tests and the bench read it.
         self.sent = 0
 
-    def send(self, channel: str, queues: list[str]) -> None:
-        """Send a wakeup of ``queues`` on ``channel`` now, or as soon as the statement in flight
-        is answered; never blocks on the database."""
+    def send(self, wakeups: Iterable[tuple[str, str]]) -> None:
+        """Send ``wakeups`` ((channel, queue) pairs) now, in one statement, or with the next one
+        when a statement is in flight or the interval is not over; never blocks on the
+        database."""
         with self._cond:
             first = not self._pending
-            for queue in queues:
-                self._pending[(channel, queue)] = None
+            self._pending.update(dict.fromkeys(wakeups))
             if self._batch or self._conn is None or not self._may_start():
                 if first and not self._batch:
                     # The thread connects, or sends when the interval is over; later wakeups

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, get_args
@@ -81,7 +82,8 @@ def due_now(run_at: datetime | None, delay_us: int) -> bool:
     return run_at <= datetime.now(timezone.utc)
 
 
-_conninfos: dict[Engine, str] = {}
+#: Weak: an application (or a test suite) that makes and disposes of engines does not keep them.
+_conninfos: weakref.WeakKeyDictionary[Engine, str] = weakref.WeakKeyDictionary()
 
 
 def _conninfo(engine: Engine) -> str:
@@ -104,9 +106,7 @@ def _on_commit(session: Session) -> None:
     for _tx, target, channel, queue in pending:
         by_target.setdefault(target, {})[(channel, queue)] = None
     for target, wakeups in by_target.items():
-        each = _notifier.notifier(target)
-        for channel, queue in wakeups:
-            each.send(channel, [queue])
+        _notifier.notifier(target).send(wakeups)
 
 
 def _on_rollback(session: Session, previous_transaction: SessionTransaction) -> None:

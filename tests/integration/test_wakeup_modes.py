@@ -368,3 +368,19 @@ def test_a_process_enqueueing_continuously_sends_at_most_one_statement_per_inter
     assert sorted(got) == sorted(queues)
     statements = notifier.sent - sent_before
     assert 1 <= statements <= 1 + elapsed / _notifier.INTERVAL + 1, (statements, elapsed)
+
+
+def test_the_queues_of_one_commit_are_woken_by_one_statement(clean: Engine, heard: Heard) -> None:
+    jobs = make_jobs()
+    notifier = _notifier.notifier(_notify._conninfo(clean))
+    assert _notifier.flush_all(5)
+    time.sleep(_notifier.INTERVAL)  # past the interval of earlier sends
+    before = notifier.sent
+    with Session(clean) as session:
+        jobs.enqueue_many(session, [Ping()] * 3, queue="a")
+        jobs.enqueue(session, Ping(), queue="b")
+        jobs.enqueue(session, Ping(), queue="c")
+        session.commit()
+    assert _notifier.flush_all(5)
+    assert sorted(heard.within(1)) == ["a", "b", "c"]
+    assert notifier.sent - before == 1
