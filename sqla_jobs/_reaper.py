@@ -46,11 +46,14 @@ class Reaper(ConnectionThread):
         self._beat = beat
         self._on_reaped = on_reaped
         self.reaped = 0
+        #: Completed passes (heartbeat, counts, reap); tests watch it.
+        self.passes = 0
 
     def step(self) -> float:
         if self._beat is not None:
             self._beat(self.connection())
         self.reap()
+        self.passes += 1
         return self._interval
 
     def reap(self) -> int:

@@ -147,6 +147,8 @@ def test_the_last_counts_are_written_when_the_worker_stops(
     jobs, _ = make_jobs()
     # A reap interval longer than the test: only the stop can write the counts.
     with running_workers(jobs, migrated_url, **fast(reap_interval=600.0)) as (worker,):
+        # Its first pass runs at start: after it, the next is the stop's.
+        wait_until(lambda: worker.reaper is not None and worker.reaper.passes >= 1)
         enqueue(empty, jobs, [Task() for _ in range(5)])
         wait_until(lambda: worker.counts["done"] == 5, what="five jobs done")
         assert read(empty, jobs) == []
