@@ -38,10 +38,12 @@ async def noop(args: Ping, ctx: object) -> None:
     return None
 
 
-def make_jobs(handler: Handler | None = None) -> Jobs:
-    """A ``Jobs`` with the one ``ping`` kind (handler: ``handler``, default :func:`noop`)."""
-    jobs = Jobs()
-    jobs.register(KIND, Ping, handler if handler is not None else noop)
+def make_jobs(handler: Handler | None = None, *, wakeup: str | None = None, **options: Any) -> Jobs:
+    """A ``Jobs`` with the one ``ping`` kind (handler: ``handler``, default :func:`noop`;
+    ``options``: the kind's, such as ``queue`` or ``concurrency_limit``), waking workers as
+    ``wakeup`` says (None: the default mode)."""
+    jobs = Jobs() if wakeup is None else Jobs(wakeup=wakeup)  # type: ignore[arg-type]
+    jobs.register(KIND, Ping, handler if handler is not None else noop, **options)
     return jobs
 
 

@@ -22,11 +22,11 @@ from . import baseline
 from .procs import cpu_seconds, memory_kb
 
 
-def _say(obj: object) -> None:
+def say(obj: object) -> None:
     print(obj if isinstance(obj, str) else json.dumps(obj), flush=True)
 
 
-def _wait_for(word: str) -> None:
+def wait_for(word: str) -> None:
     for line in sys.stdin:
         if line.strip() == word:
             return
@@ -40,7 +40,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         from .app import make_jobs, write_jobs
 
         jobs, maker = (
-            (make_jobs(), None)
+            (make_jobs(concurrency_limit=args.concurrency_limit), None)
             if args.handler is None
             else write_jobs(args.handler, args.url, args.loops)
         )
@@ -63,18 +63,18 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
                 errors.append(repr(exc))
 
         thread = threading.Thread(target=run, name="sqla-jobs-worker")
-        _say("ready")
-        _wait_for("go")
+        say("ready")
+        wait_for("go")
         thread.start()
-        _wait_for("stop")
+        wait_for("stop")
         w.stop()
         thread.join(60)
         return {"done": w.counts["done"], "counts": w.counts, "errors": errors}
     loops = baseline.Loops(libpq_conninfo(args.url), args.loops, batched=args.impl == "batched")
-    _say("ready")
-    _wait_for("go")
+    say("ready")
+    wait_for("go")
     loops.start()
-    _wait_for("stop")
+    wait_for("stop")
     return {"done": loops.stop(), "errors": []}
 
 
@@ -137,6 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--poll", type=float, default=1.0)
     w.add_argument("--batch-size", type=int, default=None)
     w.add_argument(
+        "--concurrency-limit",
+        type=int,
+        default=None,
+        help="with --impl sqla: the ping kind's limit per key (the key given at enqueue)",
+    )
+    w.add_argument(
         "--handler",
         default=None,
         help="with --impl sqla: one of bench.app.HANDLERS (default: the async no-op)",
@@ -154,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     result = run(args)
     mem = memory_kb()
     result.update(rss_kb=mem.get("VmRSS"), hwm_kb_exit=mem.get("VmHWM"), cpu_s=cpu_seconds())
-    _say(result)
+    say(result)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,10 @@ repetition (``CREATE DATABASE ... TEMPLATE``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 import os
 import secrets
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,8 +36,8 @@ from sqla_jobs._db import libpq_conninfo, with_database
 from .dbs import PREFIX, TABLE, Subject, connect, fresh_database
 from .drain import IMPLS, backend_cpu
 from .figures import Outcome, Row, Series, percentile
-from .latency import latencies, listening_worker, say, wait_for
-from .procs import Child, Children, cpu_seconds
+from .latency import latencies, listening_worker
+from .procs import Children, cpu_seconds
 from .settings import Context, Sizes
 
 CONCURRENCY = 4
@@ -207,14 +205,11 @@ def drain_first(url: str, impl: str, jobs: int, *, keyed: bool = False) -> dict[
     """Run one worker process (``impl``) at :data:`CONCURRENCY` until jobs 1..``jobs`` are gone."""
     subject = IMPLS[impl]
     with Children() as children, connect(url) as conn:
-        if keyed:
-            # bench.child's worker registers no concurrency limit, so it never runs keyed claims.
-            child = Child("keyed-worker", "--url", url, module="bench.growth")
-            children.items.append(child)
-        else:
-            child = children.spawn(
-                "worker", "--impl", impl, "--url", url, "--loops", str(CONCURRENCY)
-            )
+        # A keyed backlog's worker registers the kind with a limit: it only then runs keyed claims.
+        limit = ["--concurrency-limit", "1"] if keyed else []
+        child = children.spawn(
+            "worker", "--impl", impl, "--url", url, "--loops", str(CONCURRENCY), *limit
+        )
         child.wait_ready()
         cpu0 = cpu_seconds(child.pid)
         t0 = time.perf_counter()
@@ -457,41 +452,3 @@ def idle_cpu_rows(ctx: Context, cpu: dict[str, dict[str, Series]]) -> list[Row]:
             )
         )
     return rows
-
-
-def _keyed_worker(argv: list[str] | None = None) -> None:
-    """``python -m bench.growth keyed-worker --url URL``: bench.child's worker for the ``ping``
-    kind with a concurrency limit (1 per key, the key given at enqueue)."""
-    parser = argparse.ArgumentParser(prog="python -m bench.growth")
-    sub = parser.add_subparsers(dest="mode", required=True)
-    kw = sub.add_parser("keyed-worker")
-    kw.add_argument("--url", required=True)
-    args = parser.parse_args(argv)
-    from sqla_jobs import Jobs
-    from sqla_jobs.worker import Worker
-
-    from .app import KIND, Ping, noop
-
-    jobs = Jobs()
-    jobs.register(KIND, Ping, noop, concurrency_limit=1)
-    w = Worker(jobs, args.url, concurrency=CONCURRENCY, poll_interval=1.0, retention=None)
-    errors: list[str] = []
-
-    def work() -> None:
-        try:
-            w.run_sync(install_signal_handlers=False)
-        except BaseException as exc:
-            errors.append(repr(exc))
-
-    thread = threading.Thread(target=work, name="sqla-jobs-worker")
-    say("ready")
-    wait_for("go")
-    thread.start()
-    wait_for("stop")
-    w.stop()
-    thread.join(60)
-    say({"done": w.counts["done"], "errors": errors, "cpu_s": cpu_seconds()})
-
-
-if __name__ == "__main__":
-    _keyed_worker()

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import json
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -34,7 +32,8 @@ from sqla_jobs import Jobs
 from sqla_jobs._db import libpq_conninfo
 
 from . import baseline
-from .app import KIND, Ping, make_engine, payload_dict
+from .app import KIND, Ping, make_engine, make_jobs, payload_dict
+from .child import say, wait_for
 from .dbs import TABLE, Subject, connect, fresh_database, wait_empty
 from .figures import Outcome, Row, Series, Target, percentile
 from .procs import Child, Children, cpu_seconds
@@ -50,17 +49,6 @@ MODES: tuple[str, ...] = (
 )
 
 Enqueue = Callable[[int], None]
-
-
-def make_jobs(handler: Any = None, *, wakeup: str | None = None, queue: str = "default") -> Jobs:
-    """The ``ping`` kind on ``queue``, with the ``wakeup`` mode (None: the default)."""
-    jobs = Jobs() if wakeup is None else Jobs(wakeup=wakeup)  # type: ignore[arg-type]
-
-    async def noop(args: Ping, ctx: object) -> None:
-        return None
-
-    jobs.register(KIND, Ping, handler if handler is not None else noop, queue=queue)
-    return jobs
 
 
 @contextmanager
@@ -236,16 +224,6 @@ def by_mode(ctx: Context, raw: dict[str, Any]) -> list[Row]:
 
 
 # -- the worker child -------------------------------------------------------------------------
-
-
-def say(obj: object) -> None:
-    print(obj if isinstance(obj, str) else json.dumps(obj), flush=True)
-
-
-def wait_for(word: str) -> None:
-    for line in sys.stdin:
-        if line.strip() == word:
-            return
 
 
 def _child(argv: list[str] | None = None) -> None:
