@@ -9,7 +9,8 @@ again. A scheduler that dies mid-transaction rolls back both; the next one enque
 Ticks are enqueued :data:`LOOKAHEAD` ahead, with ``run_at`` at their time, and the scheduler that
 enqueued one sends its queue a NOTIFY at that time, so an idle worker starts it on time instead
 of at its next poll (a scheduler that dies before sending it leaves the job to the poll). All
-planning runs on the database clock.
+planning runs on the database clock, estimated in the process; the server holds each NOTIFY until
+its own clock has passed the tick, so an estimate that errs never wakes a worker early.
 
 The jobs are written by :meth:`Jobs.enqueue <sqla_jobs.Jobs.enqueue>` in a ``Session`` of the
 scheduler's own (one connection, not autocommit), so enqueue hooks, unique kinds and validation
@@ -289,11 +290,22 @@ class Scheduler(threading.Thread):
     def _send_notifies(self) -> None:
         due = self._db_time() - NOTIFY_MARGIN
         queues: set[str] = set()
+        latest = 0.0
         while self._notifies and self._notifies[0][0] <= due:
-            queues.add(heapq.heappop(self._notifies)[1])
+            latest, queue = heapq.heappop(self._notifies)
+            queues.add(queue)
         if not queues:
             return
         with self.engine.connect() as conn:
+            # The clock estimate can run fast (a thread kept from the GIL between its clock read
+            # and its query): the server waits out what is left before the NOTIFYs commit.
+            conn.execute(
+                statements.sleep_until(),
+                {
+                    "until": datetime.fromtimestamp(latest, timezone.utc),
+                    "cap": self._lookahead.total_seconds(),
+                },
+            )
             for queue in sorted(queues):
                 conn.execute(statements.notify(), {"channel": self._jobs.channel, "queue": queue})
             conn.commit()

@@ -510,6 +510,16 @@ def notify() -> Select[tuple[object]]:
     return select(func.pg_notify(bindparam("channel", type_=Text), bindparam("queue", type_=Text)))
 
 
+def sleep_until() -> Select[tuple[object]]:
+    """Sleep on the server until its clock passes ``until`` (at most ``cap`` seconds): run before
+    a NOTIFY at a job's ``run_at``, in its transaction, so that the NOTIFY (delivered at commit)
+    never precedes the time by the database's clock, however the sender's estimate of that clock
+    errs."""
+    until = bindparam("until", type_=job.c.run_at.type)
+    wait = func.extract("epoch", until - func.clock_timestamp())
+    return select(func.pg_sleep(func.least(func.greatest(wait, 0), bindparam("cap", type_=Float))))
+
+
 def claim() -> Select[Any]:
     """Claim up to ``limit`` due jobs of ``queue`` for ``worker``, in one atomic statement.
 

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 
+import psycopg
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import Engine, make_url, text
@@ -366,6 +367,42 @@ def test_a_worker_idle_on_a_long_poll_starts_the_tick_at_its_time(
         assert workers[0].scheduler is None
         time.sleep(1.5)
     assert len(ticks(fresh)) == fresh_count
+
+
+class FastClock(Scheduler):
+    """A scheduler whose estimate of the database clock runs ``AHEAD`` seconds fast, as a loaded
+    process's estimate can (a thread that waits for the GIL between its clock read and the query
+    puts the midpoint late)."""
+
+    AHEAD = 0.4
+
+    def _db_time(self) -> float:
+        return super()._db_time() + self.AHEAD
+
+
+def test_the_notify_at_a_tick_waits_for_the_tick_on_the_database_clock(
+    fresh: Engine, migrated_url: str
+) -> None:
+    """A scheduler whose clock estimate runs fast still sends a tick's NOTIFY only once the job is
+    due by the database's clock: a claim woken by it finds the job (else the tick waits for the
+    next NOTIFY or poll)."""
+    jobs = beat_jobs(every=timedelta(seconds=1))
+    due_at_notify: list[int] = []
+    with psycopg.connect(libpq_conninfo(migrated_url), autocommit=True) as listen:
+        listen.execute(f'LISTEN "{jobs.channel}"')
+        with running([FastClock(jobs, Connector(libpq_conninfo(migrated_url), "fast"))]):
+            for note in listen.notifies(timeout=10, stop_after=3):
+                assert note.payload == "default"
+                with fresh.connect() as conn:
+                    due_at_notify.append(
+                        conn.execute(
+                            text("SELECT count(*) FROM sqla_jobs_job WHERE run_at <= now()")
+                        ).scalar_one()
+                    )
+    assert len(due_at_notify) == 3, "three NOTIFYs at ticks"
+    # Each NOTIFY comes at a tick: one more job is due at each than at the one before.
+    assert due_at_notify[0] >= 1
+    assert all(b > a for a, b in itertools.pairwise(due_at_notify)), due_at_notify
 
 
 def as_role(url: str, name: str) -> str:
