@@ -1,6 +1,6 @@
-"""The README as data: its sections, code blocks and commands, for the tests that hold it to what
-it says (tests/packaging/test_readme.py without a database, tests/acceptance/test_readme_app.py
-with one)."""
+"""The README (or a docs page) as data: its sections, code blocks and commands, for the tests that
+hold it to what it says (tests/packaging/test_readme.py without a database,
+tests/acceptance/test_readme_app.py and test_getting_started.py with one)."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ FIVE_MINUTES = "Your application in five minutes"
 _BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.MULTILINE | re.DOTALL)
 
 
-def text() -> str:
-    return README.read_text(encoding="utf-8")
+def text(page: Path = README) -> str:
+    return page.read_text(encoding="utf-8")
 
 
-def section(title: str) -> str:
-    """The ``## title`` section of the README, up to the next ``##`` heading."""
-    page = text()
+def section(title: str, page: Path = README) -> str:
+    """The ``## title`` section of ``page`` (the README), up to the next ``##`` heading."""
+    source = text(page)
     heading = f"\n## {title}\n"
-    assert heading in page, f"the README has no section {title!r}"
-    return page.split(heading, 1)[1].split("\n## ", 1)[0]
+    assert heading in source, f"{page.name} has no section {title!r}"
+    return source.split(heading, 1)[1].split("\n## ", 1)[0]
 
 
 def blocks(source: str, language: str) -> list[str]:

@@ -12,6 +12,7 @@ from sqlalchemy import Engine, text
 
 from tests.acceptance._processes import REPO, WorkerProcess, cli_env
 from tests.acceptance.app import EFFECTS_DDL, EFFECTS_TABLE
+from tests.conftest import create_database, drop_database
 
 
 @pytest.fixture
@@ -65,3 +66,14 @@ def spawn_worker(migrated_url: str, tmp_path: Path) -> Iterator[Callable[..., Wo
                 w.proc.kill()
         for w in started:
             w.proc.wait(10)
+
+
+@pytest.fixture
+def empty_url(server_url: str) -> Iterator[str]:
+    """A database of its own, empty (not migrated): a new user's, for the tests that follow a
+    page's first steps."""
+    url = create_database(server_url, prefix="sqla_jobs_first_run")
+    try:
+        yield url
+    finally:
+        drop_database(server_url, url)
