@@ -19,6 +19,7 @@ found by the poll that follows its time.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
@@ -37,7 +38,11 @@ WakeupMode = Literal["after_commit", "in_transaction", "none"]
 WAKEUP_MODES: tuple[str, ...] = get_args(WakeupMode)
 #: Seconds between two in-transaction wakeups of one queue from one process ("in_transaction").
 THROTTLE = 0.1
+#: Queues whose last in-transaction wakeup a ``Jobs`` remembers before it forgets the quiet ones.
+QUEUES_KEPT = 1024
 _PENDING_KEY = "sqla_jobs.wakeups"
+
+log = logging.getLogger("sqla_jobs.enqueue")
 
 
 @dataclass
@@ -59,6 +64,8 @@ class Wakeup:
             now = time.monotonic()
             with self._lock:
                 due = [q for q in queues if now - self._last.get(q, -THROTTLE) >= THROTTLE]
+                if len(self._last) > QUEUES_KEPT:  # a queue per tenant: forget the quiet ones
+                    self._last = {q: t for q, t in self._last.items() if now - t < THROTTLE}
                 self._last.update(dict.fromkeys(due, now))
             return due
         bind = session.get_bind(mapper=Job)
@@ -106,7 +113,17 @@ def _on_commit(session: Session) -> None:
     for _tx, target, channel, queue in pending:
         by_target.setdefault(target, {})[(channel, queue)] = None
     for target, wakeups in by_target.items():
-        _notifier.notifier(target).send(wakeups)
+        try:
+            _notifier.notifier(target).send(wakeups)
+        except Exception as exc:
+            # The transaction has committed: an exception here would report its jobs as lost.
+            log.warning(
+                "could not hand %d wakeup(s) to the notifier (workers find the jobs by "
+                "polling): %s",
+                len(wakeups),
+                exc,
+                extra={"event": "notifier_failed"},
+            )
 
 
 def _on_rollback(session: Session, previous_transaction: SessionTransaction) -> None:

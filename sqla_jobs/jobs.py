@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     pass
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
+#: PostgreSQL's longest name (NAMEDATALEN - 1): pg_notify refuses a longer channel.
+MAX_CHANNEL_BYTES = 63
 
 
 class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
@@ -64,6 +66,13 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
                 check_name("schema", schema)
             except ValueError as exc:
                 raise ConfigurationError(str(exc)) from None
+            if len(cancel_channel(schema)) > MAX_CHANNEL_BYTES:
+                raise ConfigurationError(
+                    f"schema name {schema!r} is too long: at most "
+                    f"{MAX_CHANNEL_BYTES - len(cancel_channel(''))} characters, so that its "
+                    f"LISTEN/NOTIFY channels ({cancel_channel(schema)!r}) fit PostgreSQL's "
+                    f"{MAX_CHANNEL_BYTES}-byte names"
+                )
         if max_payload_bytes < 2:
             raise ConfigurationError("max_payload_bytes must be at least 2 (the JSON '{}')")
         self.schema = schema

@@ -1,0 +1,30 @@
+"""A LISTEN connection of a test's own, on the jobs' channel: what the workers would hear."""
+
+from __future__ import annotations
+
+import psycopg
+from psycopg import sql
+
+from sqla_jobs._db import libpq_conninfo
+
+#: How long "no notification" is watched for: the notifier sends within milliseconds.
+QUIET = 0.3
+
+
+class Heard:
+    """A LISTEN connection of its own on ``channel``."""
+
+    def __init__(self, url: str, channel: str) -> None:
+        self._conn = psycopg.connect(libpq_conninfo(url), autocommit=True)
+        self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+    def within(self, seconds: float) -> list[str]:
+        """The queues notified within ``seconds``: after the first arrives, what follows it
+        within :data:`QUIET` (a duplicate would come from the same send or the next one)."""
+        first = [n.payload for n in self._conn.notifies(timeout=seconds, stop_after=1)]
+        if not first:
+            return []
+        return first + [n.payload for n in self._conn.notifies(timeout=QUIET)]
+
+    def close(self) -> None:
+        self._conn.close()
