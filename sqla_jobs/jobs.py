@@ -35,7 +35,8 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
     """The job kinds of an application, and the enqueue calls that ride the caller's transaction.
 
     ``schema`` names the schema that holds the queue table (default: the connection's
-    ``search_path``); it must match the schema the migrations ran in. ``max_payload_bytes`` bounds the
+    ``search_path``); it must match the schema the migrations ran in, and be at most 46
+    characters (its channels, ``sqla_jobs.<schema>.cancel``, are PostgreSQL names). ``max_payload_bytes`` bounds the
     serialized payload (keep big data in your own tables and enqueue its id). ``hooks`` holds the
     enqueue and worker hooks (:class:`~sqla_jobs.hooks.Hooks`).
 
