@@ -36,9 +36,9 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
 
     ``schema`` names the schema that holds the queue table (default: the connection's
     ``search_path``); it must match the schema the migrations ran in, and be at most 46
-    characters (its channels, ``sqla_jobs.<schema>.cancel``, are PostgreSQL names). ``max_payload_bytes`` bounds the
-    serialized payload (keep big data in your own tables and enqueue its id). ``hooks`` holds the
-    enqueue and worker hooks (:class:`~sqla_jobs.hooks.Hooks`).
+    characters (its channels, ``sqla_jobs.<schema>.cancel``, are PostgreSQL names).
+    ``max_payload_bytes`` bounds the serialized payload (keep big data in your own tables and
+    enqueue its id). ``hooks`` holds the enqueue and worker hooks (:class:`~sqla_jobs.hooks.Hooks`).
 
     ``wakeup`` says how an enqueue of a job due now wakes idle workers (a delayed job wakes no
     one: the poll after its time finds it): ``"after_commit"`` (default) sends the NOTIFY after
