@@ -73,7 +73,7 @@ class Notifier(threading.Thread):
         self._error: bytes | None = None  # the server refused the statement in flight
         self._failing = False
         self._last_connect = -RETRY  # time.monotonic() of the last connection attempt
-        self._logs: list[tuple[int, str, tuple[Any, ...], BaseException | None]] = []
+        self._logs: list[tuple[str, str, tuple[Any, ...], BaseException | None]] = []
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._closed = False  # the thread ended and closed its pipe
@@ -126,16 +126,17 @@ class Notifier(threading.Thread):
         except OSError:
             pass
 
-    def _log(self, level: int, message: str, *args: Any, exc: BaseException | None = None) -> None:
-        """Log after the lock is released (:meth:`_emit`): a handler that enqueues and commits
-        would otherwise wait on this lock while holding its own."""
-        self._logs.append((level, message, args, exc))
+    def _log(self, event: str, message: str, *args: Any, exc: BaseException | None = None) -> None:
+        """Log ``event`` after the lock is released (:meth:`_emit`): a handler that enqueues and
+        commits would otherwise wait on this lock while holding its own. A failure is a
+        warning, anything else information."""
+        self._logs.append((event, message, args, exc))
 
     def _emit(self) -> None:
         with self._cond:
             logs, self._logs = self._logs, []
-        for level, message, args, exc in logs:
-            event = "notifier_back" if level == logging.INFO else "notifier_failed"
+        for event, message, args, exc in logs:
+            level = logging.WARNING if event == "notifier_failed" else logging.INFO
             log.log(level, message, *args, exc_info=exc, extra={"event": event})
 
     def _drain_pokes(self) -> None:
@@ -269,7 +270,7 @@ class Notifier(threading.Thread):
             if not self._failing:
                 self._failing = True
                 self._log(
-                    logging.WARNING,
+                    "notifier_failed",
                     "the server refused %d wakeup(s) (workers find the jobs by polling): %s",
                     len(batch),
                     error.decode(errors="replace").strip(),
@@ -278,7 +279,7 @@ class Notifier(threading.Thread):
             self.sent += 1
             if self._failing:
                 self._failing = False
-                self._log(logging.INFO, "wakeups sent again")
+                self._log("notifier_back", "wakeups sent again")
         self._cond.notify_all()
 
     def _connect(self) -> bool:
@@ -331,7 +332,7 @@ class Notifier(threading.Thread):
             self._failing = True
             message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             self._log(
-                logging.WARNING,
+                "notifier_failed",
                 "could not send %d wakeup(s) after commit (workers find the jobs by polling): %s",
                 count,
                 message,

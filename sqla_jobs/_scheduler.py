@@ -52,8 +52,6 @@ RETRY_AFTER = 5.0
 RACE_RECHECK = 0.2
 #: A scheduler silent this long inside a tick's transaction is disconnected by the server.
 IDLE_IN_TRANSACTION = "10s"
-#: A NOTIFY goes this long after its tick, so that the woken claim's ``now()`` is past it.
-NOTIFY_MARGIN = 0.005
 
 _ERRORS = (*CONNECTION_ERRORS, DBAPIError)
 _Outcome = Literal["advanced", "lost", "failed", "waiting"]
@@ -173,7 +171,7 @@ class Scheduler(threading.Thread):
                 wake = min(wake, max(plan.next - self._lookahead, now + MIN_SLEEP))
         seconds = (wake - now).total_seconds()
         if self._notifies:
-            seconds = min(seconds, self._notifies[0][0] + NOTIFY_MARGIN - self._db_time())
+            seconds = min(seconds, self._notifies[0][0] - self._db_time())
         return max(0.0, seconds)
 
     def _read(self) -> tuple[dict[str, Any], datetime]:
@@ -288,7 +286,7 @@ class Scheduler(threading.Thread):
         return time.time() + self._offset
 
     def _send_notifies(self) -> None:
-        due = self._db_time() - NOTIFY_MARGIN
+        due = self._db_time()
         queues: set[str] = set()
         latest = 0.0
         while self._notifies and self._notifies[0][0] <= due:

@@ -32,15 +32,6 @@ class Ping(BaseModel):
 
 
 @pytest.fixture
-def heard(migrated_url: str) -> Iterator[Heard]:
-    made = Heard(migrated_url, CHANNEL)
-    assert _notifier.flush_all(5)
-    made.within(0.05)  # what earlier tests left on the channel
-    yield made
-    made.close()
-
-
-@pytest.fixture
 def start() -> Iterator[Any]:
     """Start a notifier of the test's own (not the process's) on a conninfo; stopped after."""
     started: list[Notifier] = []

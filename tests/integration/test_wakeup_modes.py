@@ -8,7 +8,6 @@ import asyncio
 import logging
 import multiprocessing
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -42,15 +41,6 @@ def make_jobs(mode: Any = "after_commit") -> Jobs:
         pass
 
     return jobs
-
-
-@pytest.fixture
-def heard(migrated_url: str) -> Iterator[Heard]:
-    made = Heard(migrated_url, make_jobs().channel)
-    assert _notifier.flush_all(5)
-    made.within(0.05)  # what earlier tests left on the channel
-    yield made
-    made.close()
 
 
 def in_transaction_notifies(engine: Engine) -> list[str]:

@@ -1,0 +1,21 @@
+"""Fixtures shared by the integration tests of wakeups."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from sqla_jobs import Jobs, _notifier
+
+from ._listening import Heard
+
+
+@pytest.fixture
+def heard(migrated_url: str) -> Iterator[Heard]:
+    """A LISTEN connection on the jobs' channel, past what earlier tests left on it."""
+    made = Heard(migrated_url, Jobs().channel)
+    assert _notifier.flush_all(5)
+    made.within(0.05)
+    yield made
+    made.close()
