@@ -207,13 +207,16 @@ def test_counters_say_how_each_run_ended_by_kind_and_queue_and_histograms_count_
         }
 
         def counted() -> bool:
+            # The histograms too: a cancelled run's outcome is counted when the cancel is
+            # written, its duration when its handler has returned, a moment later.
             samples = scrape(metrics)
             return all(
                 value(samples, "sqla_jobs_job_outcomes_total", kind=k, queue=q, outcome=o) == c
+                and value(samples, "sqla_jobs_job_duration_seconds_count", kind=k, queue=q) == c
                 for (k, q, o), c in expected.items()
             )
 
-        wait_until(counted, what=f"the outcome counters reach {expected}")
+        wait_until(counted, what=f"the outcome counters and run histograms reach {expected}")
         samples = scrape(metrics)
     # Nothing else was counted: the other outcomes of each handled kind start (and stay) at 0.
     counted_outcomes = {
