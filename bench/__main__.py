@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from devdb import database_url
-from sqla_jobs._db import redact
+from sqla_jobs.db.urls import redact
 
 from . import (
     commit_path,

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_jobs import JobContext, Jobs, Unique
-from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
+from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
 from sqla_jobs.kinds import Handler
 
 from . import baseline

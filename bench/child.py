@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 
 from . import baseline
 from .procs import cpu_seconds, memory_kb
@@ -35,7 +35,7 @@ def wait_for(word: str) -> None:
 
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.impl == "sqla":
-        from sqla_jobs.worker import Worker
+        from sqla_jobs.worker.facade import Worker
 
         from .app import make_jobs, write_jobs
 

@@ -1,7 +1,7 @@
 """The commit path under many writers: what each wakeup design costs the enqueuing transactions.
 
 pgbench plays many application servers enqueueing one job per transaction (``-M prepared``, the
-statements sqla-jobs' single enqueue sends, compiled from :mod:`sqla_jobs.statements`), for each
+statements sqla-jobs' single enqueue sends, compiled from :mod:`sqla_jobs.sql.statements`), for each
 client count and each wakeup design:
 
 - ``no wakeup``: BEGIN; INSERT; COMMIT (the reference);
@@ -15,7 +15,7 @@ client count and each wakeup design:
 - ``after-commit notifier, paced as the real one``: the same, the second pgbench paced
   (``pgbench -R``) at what the real notifier sends at most: one NOTIFY per enqueuing commit (the
   commits/s the writers reach with no wakeup, measured just before), and no more than one per
-  :data:`sqla_jobs._notifier.INTERVAL` per process;
+  :data:`sqla_jobs.enqueue.notifier.INTERVAL` per process;
 - ``throttled in-transaction NOTIFY`` (River's design): the NOTIFY in the transaction, at most once
   per simulated process per 100 ms. Modelled on a clock: the INSERT also returns the 100 ms tick of
   the database's ``now()``; a process's ``k`` clients each notify when their own window
@@ -48,10 +48,10 @@ from sqlalchemy import literal_column
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.sql import ClauseElement, ColumnElement
 
-from sqla_jobs import statements
-from sqla_jobs._db import libpq_conninfo
-from sqla_jobs._notifier import INTERVAL
+from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.enqueue.notifier import INTERVAL
 from sqla_jobs.model import notify_channel
+from sqla_jobs.sql import statements
 
 from .app import KIND
 from .dbs import connect, fresh_database

@@ -13,7 +13,7 @@ from typing import Any
 
 import psycopg
 
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 
 from . import baseline
 from .app import prefill

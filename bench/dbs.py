@@ -14,7 +14,7 @@ import psycopg
 from psycopg import sql
 
 from sqla_jobs import migrate
-from sqla_jobs._db import libpq_conninfo, with_database
+from sqla_jobs.db.urls import libpq_conninfo, with_database
 
 from . import baseline
 

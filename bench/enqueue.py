@@ -21,9 +21,10 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 from sqlalchemy.sql import ClauseElement
 
-from sqla_jobs import Jobs, statements
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs import Jobs
+from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.model import notify_channel
+from sqla_jobs.sql import statements
 
 from . import baseline
 from .app import KIND, Ping, UniquePing, make_engine, make_jobs, make_unique_jobs, payload_dict

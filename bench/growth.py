@@ -31,7 +31,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from sqla_jobs._db import libpq_conninfo, with_database
+from sqla_jobs.db.urls import libpq_conninfo, with_database
 
 from .dbs import PREFIX, TABLE, Subject, connect, fresh_database
 from .drain import IMPLS, backend_cpu

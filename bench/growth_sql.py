@@ -24,9 +24,9 @@ from typing import Any
 import psycopg
 
 from devdb import database_url
-from sqla_jobs import statements
-from sqla_jobs._db import libpq_conninfo
-from sqla_jobs._sql import Compiled, compile_statement
+from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.sql import statements
+from sqla_jobs.sql.compiled import Compiled, compile_statement
 
 from .dbs import fresh_database
 

@@ -29,7 +29,7 @@ import psycopg
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Jobs
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 
 from . import baseline
 from .app import KIND, Ping, make_engine, make_jobs, payload_dict
@@ -240,7 +240,7 @@ def _child(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     starts: dict[int, float] = {}
     if args.impl == "sqla":
-        from sqla_jobs.worker import Worker
+        from sqla_jobs.worker.facade import Worker
 
         async def record(payload: Ping, ctx: object) -> None:
             starts[payload.n] = time.time()

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     with database_url() as server, fresh_database(server, "sqla_jobs") as url:
         jobs = make_jobs()
         if args.what == "drain":
-            from sqla_jobs.worker import Worker
+            from sqla_jobs.worker.facade import Worker
 
             prefill("sqla_jobs", url, n)
             worker = Worker(jobs, url, concurrency=args.concurrency, retention=None)

@@ -17,9 +17,9 @@ from bench import baseline
 from bench.app import prefill
 from bench.contention import race
 from bench.dbs import connect
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.model import JobHistory
-from sqla_jobs.stats import collect, render
+from sqla_jobs.observe.stats import collect, render
 
 from .tour import Demo
 
@@ -35,7 +35,7 @@ def stats(demo: Demo) -> None:
     c = demo.console
     c.step(7, "The one dashboard that matters")
     c.explain(
-        "sqla_jobs.stats.collect/render (also `sqla-jobs stats`): jobs by state and the age of "
+        "sqla_jobs.observe.stats.collect/render (also `sqla-jobs stats`): jobs by state and the age of "
         "the oldest due pending job, the true queue latency. If it climbs while claims stay "
         "flat you are out of workers; if dead climbs, a handler is broken."
     )

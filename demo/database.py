@@ -19,7 +19,7 @@ import psycopg
 from psycopg import sql
 
 from devdb import ENV_VAR, embedded_server
-from sqla_jobs._db import libpq_conninfo, redact, with_database
+from sqla_jobs.db.urls import libpq_conninfo, redact, with_database
 
 from .console import Console
 

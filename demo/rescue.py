@@ -14,8 +14,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from sqla_jobs._config import WorkerSeams
 from sqla_jobs.model import Job, JobHistory
+from sqla_jobs.worker.config import WorkerSeams
 
 from .invoices import DEADLINE, FROZEN_WORKER, NightlyExport
 from .threads import DemoFailed, wait_for

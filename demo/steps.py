@@ -14,7 +14,7 @@ from sqlalchemy.schema import CreateSchema
 
 from sqla_jobs.migrate import alembic_config, upgrade
 from sqla_jobs.model import JOB_TABLE, Job, JobHistory
-from sqla_jobs.stats import collect, render
+from sqla_jobs.observe.stats import collect, render
 
 from .console import short_error
 from .invoices import DemoBase, Invoice, SendInvoice, payloads

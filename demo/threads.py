@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import Engine, Executable
 from sqlalchemy.exc import DBAPIError
 
-from sqla_jobs.worker import Worker
+from sqla_jobs.worker.facade import Worker
 
 from .invoices import DEADLINE
 

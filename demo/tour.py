@@ -16,8 +16,8 @@ from typing import Any
 from sqlalchemy import Engine, Executable, column, create_engine, func, select, table
 
 from sqla_jobs import Jobs
-from sqla_jobs._db import sqlalchemy_url
-from sqla_jobs.worker import Worker
+from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.worker.facade import Worker
 
 from .console import Console
 from .events import AttachedEvents

@@ -20,7 +20,7 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from sqla_jobs._db import ENV_VAR, parse_url
+from sqla_jobs.db.urls import ENV_VAR, parse_url
 from sqla_jobs.errors import ConfigurationError
 
 __all__ = ["ENV_VAR", "database_url", "embedded_server"]

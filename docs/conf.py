@@ -64,7 +64,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(datetime|timedelta|Awaitable|Callable|Mapping|Sequence|Iterable|Iterator)"),
     # Type variables (``T`` in ``step(...) -> T``, the payload model ``M``) have no page.
     (r"py:class", r"(sqla_jobs\.[a-z_.]+\.)?[A-Z](_contra)?"),
-    # Private modules (``sqla_jobs._pruner``) are named in docstrings for readers of the code;
+    # Private modules (``sqla_jobs.worker.pruner``) are named in docstrings for readers of the code;
     # the reference documents the public names only, so they stay text.
     (r"py:.*", r"(~?sqla_jobs\.)?_[a-z_]+(\..*)?"),
 ]

@@ -5,11 +5,9 @@ Enqueue rides the caller's own ``Session``: the job exists if and only if that t
 
 from __future__ import annotations
 
-from ._ops import CancelResult
-from ._schedule_ops import ScheduleInfo
-from .backoff import Backoff
-from .context import Discard, JobContext, Snooze
-from .errors import (
+from sqla_jobs.backoff import Backoff
+from sqla_jobs.context import Discard, JobContext, Snooze
+from sqla_jobs.errors import (
     ConfigurationError,
     DatabaseURLError,
     DuplicateJobError,
@@ -35,15 +33,17 @@ from .errors import (
     UniqueKeyTakenError,
     UnknownKindError,
 )
-from .hooks import EnqueueBatch, Hooks, OutcomeEvent
-from .jobs import Jobs
-from .kinds import Kind, KindOptions
-from .links import link_table
-from .model import Job, JobHistory, JobState, QueueState, metadata
-from .retention import Retention
-from .schedules import Periodic
-from .unique import EnqueuedIds, OnConflict, Unique
-from .worker import Worker
+from sqla_jobs.hooks import EnqueueBatch, Hooks, OutcomeEvent
+from sqla_jobs.jobs import Jobs
+from sqla_jobs.kinds import Kind, KindOptions
+from sqla_jobs.links import link_table
+from sqla_jobs.model import Job, JobHistory, JobState, QueueState, metadata
+from sqla_jobs.operations.jobs import CancelResult
+from sqla_jobs.periodic.ops import ScheduleInfo
+from sqla_jobs.periodic.schedule import Periodic
+from sqla_jobs.retention import Retention
+from sqla_jobs.unique import EnqueuedIds, OnConflict, Unique
+from sqla_jobs.worker.facade import Worker
 
 __all__ = [
     "Backoff",

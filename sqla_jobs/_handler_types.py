@@ -18,10 +18,9 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
     from typing_extensions import TypedDict
 
-    from .backoff import Backoff
-    from .context import JobContext
-    from .kinds import Registry
-    from .unique import Unique
+    from sqla_jobs.backoff import Backoff
+    from sqla_jobs.context import JobContext
+    from sqla_jobs.unique import Unique
 
 M = TypeVar("M", bound=BaseModel)
 M_contra = TypeVar("M_contra", bound=BaseModel, contravariant=True)
@@ -82,6 +81,13 @@ if TYPE_CHECKING:
         unique: Unique | bool | None
 
 
+class Registers(Protocol):
+    """What a :class:`KindDecorator` registers its handler with (a :class:`~sqla_jobs.kinds.Registry`)."""
+
+    @property
+    def register(self) -> Callable[..., Any]: ...
+
+
 class KindDecorator(Generic[M]):
     """What ``@jobs.kind(name, Model, ...)`` returns: it registers the function it decorates as
     the handler of kind ``name`` and returns it unchanged.
@@ -96,7 +102,9 @@ class KindDecorator(Generic[M]):
 
     __slots__ = ("_model", "_name", "_options", "_registry")
 
-    def __init__(self, registry: Registry, name: str, model: type[M], options: KindArgs[M]) -> None:
+    def __init__(
+        self, registry: Registers, name: str, model: type[M], options: KindArgs[M]
+    ) -> None:
         self._registry = registry
         self._name = name
         self._model = model

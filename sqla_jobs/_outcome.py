@@ -16,12 +16,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ._sql import WorkerSQL
-from .backoff import DEFAULT_BACKOFF, Backoff
-from .context import ClaimedJob, Discard, Snooze
-from .jobs import Jobs
-from .kinds import Kind, describe_errors, load_payload
-from .model import MAX_ERROR_CHARS
+from sqla_jobs.backoff import DEFAULT_BACKOFF, Backoff
+from sqla_jobs.context import ClaimedJob, Discard, Snooze
+from sqla_jobs.kinds import Kind, Registry, describe_errors, load_payload
+from sqla_jobs.model import MAX_ERROR_CHARS
+from sqla_jobs.sql.compiled import WorkerSQL
 
 _ONE_US = timedelta(microseconds=1)
 
@@ -52,7 +51,7 @@ class Outcome:
     committed: bool = False
 
 
-def resolve(jobs: Jobs, job: ClaimedJob) -> tuple[Kind, Any] | Outcome:
+def resolve(jobs: Registry, job: ClaimedJob) -> tuple[Kind, Any] | Outcome:
     """The kind and the decoded payload of ``job``, ready to run; or, for a job that cannot run,
     its outcome (unknown kind: a failure; a payload that no longer validates: dead)."""
     kind = jobs.kind_named(job.kind)

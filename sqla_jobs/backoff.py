@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import ConfigurationError
+from sqla_jobs.errors import ConfigurationError
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class Backoff:
         return min(1000, math.ceil(math.log(self.cap_seconds) / math.log(self.base)) + 1)
 
     def sql_params(self) -> dict[str, float | int]:
-        """The bound parameters of :func:`sqla_jobs.statements.fail` for this policy."""
+        """The bound parameters of :func:`sqla_jobs.sql.statements.fail` for this policy."""
         return {
             "base": self.base,
             "cap": self.cap_seconds,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple, NoReturn, TypeVar
 
-from .errors import ConfigurationError, JobCancelledError, LeaseLostError, StepError
+from sqla_jobs.errors import ConfigurationError, JobCancelledError, LeaseLostError, StepError
 
 
 class ClaimedJob(NamedTuple):

@@ -23,13 +23,13 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
-from ._row import NAMES, Batch, Prepared
-from .context import JobContext
-from .errors import ConfigurationError, EnqueueHookError
-from .validate import meta_json
+from sqla_jobs.context import JobContext
+from sqla_jobs.enqueue.row import NAMES, Batch, Prepared
+from sqla_jobs.enqueue.validate import meta_json
+from sqla_jobs.errors import ConfigurationError, EnqueueHookError
 
 if TYPE_CHECKING:
-    from ._outcome import Outcome
+    from sqla_jobs._outcome import Outcome
 
 log = logging.getLogger("sqla_jobs.hooks")
 

@@ -9,19 +9,20 @@ from typing import TYPE_CHECKING, Any, overload
 from pydantic import BaseModel
 from sqlalchemy.orm import Session, scoped_session
 
-from . import _sessions, _unique_enqueue
-from . import enqueue as _enqueue
-from . import links as _links
-from . import validate as _validate
-from ._jobs_async import AsyncEnqueue
-from ._jobs_ops import Operations
-from ._jobs_periodic import Periodics
-from ._notify import Wakeup, WakeupMode, check_mode
-from .errors import ConfigurationError
-from .hooks import Hooks
-from .kinds import Registry, check_name
-from .model import Job, cancel_channel, notify_channel
-from .unique import EnqueuedIds, OnConflict, check_on_conflict
+from sqla_jobs import links as _links
+from sqla_jobs.db import sessions as _sessions
+from sqla_jobs.enqueue import insert as _enqueue
+from sqla_jobs.enqueue import unique as _unique_enqueue
+from sqla_jobs.enqueue import validate as _validate
+from sqla_jobs.enqueue.async_api import AsyncEnqueue
+from sqla_jobs.enqueue.wakeup import Wakeup, WakeupMode, check_mode
+from sqla_jobs.errors import ConfigurationError
+from sqla_jobs.hooks import Hooks
+from sqla_jobs.kinds import Registry, check_name
+from sqla_jobs.model import Job, cancel_channel, notify_channel
+from sqla_jobs.operations.facade import Operations
+from sqla_jobs.periodic.declare import Periodics
+from sqla_jobs.unique import EnqueuedIds, OnConflict, check_on_conflict
 
 if TYPE_CHECKING:
     pass

@@ -18,21 +18,21 @@ from pydantic import BaseModel, ValidationError
 
 # The handler and option types have a module of their own (this one is the registry); users import
 # them from here, hence `X as X`, which re-exports a name under mypy --strict.
-from ._handler_types import AsyncSessionHandler as AsyncSessionHandler
-from ._handler_types import HandlerOf as HandlerOf
-from ._handler_types import KindDecorator as KindDecorator
-from ._handler_types import M as M
-from ._handler_types import PayloadHandler as PayloadHandler
-from ._handler_types import SessionHandler as SessionHandler
-from .backoff import DEFAULT_BACKOFF, Backoff
-from .errors import RegistryError, UnknownKindError
-from .unique import Unique
+from sqla_jobs._handler_types import AsyncSessionHandler as AsyncSessionHandler
+from sqla_jobs._handler_types import HandlerOf as HandlerOf
+from sqla_jobs._handler_types import KindDecorator as KindDecorator
+from sqla_jobs._handler_types import M as M
+from sqla_jobs._handler_types import PayloadHandler as PayloadHandler
+from sqla_jobs._handler_types import SessionHandler as SessionHandler
+from sqla_jobs.backoff import DEFAULT_BACKOFF, Backoff
+from sqla_jobs.errors import RegistryError, UnknownKindError
+from sqla_jobs.unique import Unique
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from ._handler_types import KindArgs as KindArgs
-    from ._handler_types import KindOptionArgs
+    from sqla_jobs._handler_types import KindArgs as KindArgs
+    from sqla_jobs._handler_types import KindOptionArgs
 
 #: A handler as a :class:`Kind` holds it, its payload model erased (register takes a
 #: :data:`HandlerOf` the model): ``(payload, ctx)`` or ``(payload, ctx, session)``, sync or

@@ -22,9 +22,9 @@ from sqlalchemy import Column, ColumnElement, ForeignKey, Insert, MetaData, Tabl
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from . import statements
-from .errors import ConfigurationError, InvalidOptionError
-from .model import JOB_TABLE, Job
+from sqla_jobs.errors import ConfigurationError, InvalidOptionError
+from sqla_jobs.model import JOB_TABLE, Job
+from sqla_jobs.sql import statements
 
 #: ``enqueue(link=...)``: the rows to link the job to, by link table, e.g. ``{order_jobs: 42}``.
 LinkArg = Mapping[Table, Any] | None

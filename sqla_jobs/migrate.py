@@ -33,10 +33,10 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, create_engine, inspect
 from sqlalchemy.pool import NullPool
 
-from . import statements
-from ._db import sqlalchemy_url
-from .errors import MigrationConflictError
-from .model import JOB_TABLE, PREFIX, VERSION_TABLE
+from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.errors import MigrationConflictError
+from sqla_jobs.model import JOB_TABLE, PREFIX, VERSION_TABLE
+from sqla_jobs.sql import statements
 
 #: What ``sqla-jobs migrate`` upgrades to: the head of the ``sqla_jobs`` branch.
 TARGET = "sqla_jobs@head"

@@ -87,7 +87,7 @@ def sqla_jobs_engine(sqla_jobs_database_url: str) -> Iterator[Engine]:
     at the end of the session."""
     from sqlalchemy import create_engine
 
-    from ._db import sqlalchemy_url
+    from sqla_jobs.db.urls import sqlalchemy_url
 
     engine = create_engine(sqlalchemy_url(sqla_jobs_database_url))
     yield engine
@@ -138,7 +138,7 @@ def sqla_jobs_async_engine(sqla_jobs_engine: Engine) -> Iterator[AsyncEngine]:
     from sqlalchemy.ext.asyncio import create_async_engine
     from sqlalchemy.pool import NullPool
 
-    from ._db import sqlalchemy_url
+    from sqla_jobs.db.urls import sqlalchemy_url
 
     url = sqlalchemy_url(sqla_jobs_engine.url.render_as_string(hide_password=False))
     engine = create_async_engine(url, poolclass=NullPool)

@@ -4,7 +4,7 @@ A kind declares what makes two of its jobs the same (:class:`Unique`), or an enq
 itself (``unique_key=``). The key is held by a partial unique index of the job table (shipped in the
 package's migrations), so it is exact across transactions and processes: never a check-then-insert.
 This module is pure: it checks the declarations and computes keys; the SQL is in
-:mod:`sqla_jobs.statements` and the enqueue paths in :mod:`sqla_jobs._unique_enqueue`.
+:mod:`sqla_jobs.sql.statements` and the enqueue paths in :mod:`sqla_jobs.enqueue.unique`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from .errors import InvalidOptionError
-from .model import ALWAYS_UNIQUE_STATES, STATES
+from sqla_jobs.errors import InvalidOptionError
+from sqla_jobs.model import ALWAYS_UNIQUE_STATES, STATES
 
 #: What enqueue does when a job with the same key is already there: return it (``"skip"``),
 #: update its payload, run_at, priority and meta if it is still pending (``"replace"``), or raise

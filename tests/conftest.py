@@ -19,7 +19,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from devdb import database_url
-from sqla_jobs._db import sqlalchemy_url, with_database
+from sqla_jobs.db.urls import sqlalchemy_url, with_database
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,6 +8,6 @@ Nothing else in the package imports this one.
 
 from __future__ import annotations
 
-from ._app import create_app
+from sqla_jobs.dashboard._app import create_app
 
 __all__ = ["create_app"]

@@ -24,13 +24,13 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from .._cli_ops import said
-from ..errors import OperationError
-from . import _reads
-from ._csrf import FIELD
-from ._flash import Flash
-from ._render import Dashboard, link
-from ._security import USER_KEY
+from sqla_jobs.dashboard import _reads
+from sqla_jobs.dashboard._csrf import FIELD
+from sqla_jobs.dashboard._flash import Flash
+from sqla_jobs.dashboard._render import Dashboard, link
+from sqla_jobs.dashboard._security import USER_KEY
+from sqla_jobs.errors import OperationError
+from sqla_jobs.operations.jobs import said
 
 log = logging.getLogger("sqla_jobs.dashboard")
 

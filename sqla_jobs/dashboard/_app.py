@@ -17,16 +17,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .._db import sqlalchemy_url
-from ..errors import ConfigurationError
-from ..jobs import Jobs
-from ._actions import Actions
-from ._csrf import Csrf
-from ._flash import Flashes
-from ._pages import Pages
-from ._reads import BadRequest
-from ._render import Dashboard, environment
-from ._security import BasicAuth, SecurityHeaders
+from sqla_jobs.dashboard._actions import Actions
+from sqla_jobs.dashboard._csrf import Csrf
+from sqla_jobs.dashboard._flash import Flashes
+from sqla_jobs.dashboard._pages import Pages
+from sqla_jobs.dashboard._reads import BadRequest
+from sqla_jobs.dashboard._render import Dashboard, environment
+from sqla_jobs.dashboard._security import BasicAuth, SecurityHeaders
+from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.errors import ConfigurationError
+from sqla_jobs.jobs import Jobs
 
 log = logging.getLogger("sqla_jobs.dashboard")
 _UNDEFINED_TABLE = "42P01"

@@ -16,7 +16,7 @@ from typing import Literal
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ._csrf import cookie_path
+from sqla_jobs.dashboard._csrf import cookie_path
 
 COOKIE = "sqla_jobs_flash"
 #: Longer messages are cut: a cookie holds 4 KB at most.

@@ -14,10 +14,10 @@ from sqlalchemy.exc import ProgrammingError
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from .. import throughput
-from ..model import STATES, Job, JobState
-from . import _chart, _reads, _series
-from ._render import Dashboard, link, seconds
+from sqla_jobs.dashboard import _chart, _reads, _series
+from sqla_jobs.dashboard._render import Dashboard, link, seconds
+from sqla_jobs.model import STATES, Job, JobState
+from sqla_jobs.observe import throughput
 
 _CSS = (resources.files("sqla_jobs.dashboard") / "static" / "dashboard.css").read_bytes()
 _UNDEFINED_TABLE = "42P01"

@@ -1,5 +1,5 @@
-"""What the pages read, through the listings the CLI uses (``sqla_jobs._cli_listings``,
-``sqla_jobs.stats``) and the statements of ``sqla_jobs.statements``: no SQL of the dashboard's
+"""What the pages read, through the listings the CLI uses (``sqla_jobs.cli.listings``,
+``sqla_jobs.observe.stats``) and the statements of ``sqla_jobs.sql.statements``: no SQL of the dashboard's
 own. Every read is a plain SELECT that locks nothing, so a dashboard left open never gets in a
 worker's way."""
 
@@ -12,12 +12,11 @@ from typing import Any
 from sqlalchemy import Row
 from sqlalchemy.orm import Session
 
-from .. import statements
-from .._cli_listings import queue_overview
-from ..jobs import Jobs
-from ..kinds import check_name
-from ..model import STATES
-from ..stats import by_state
+from sqla_jobs.jobs import Jobs
+from sqla_jobs.kinds import check_name
+from sqla_jobs.model import STATES
+from sqla_jobs.observe.stats import by_state, queue_overview
+from sqla_jobs.sql import statements
 
 #: Jobs on one page of a listing.
 PAGE_SIZE = 50

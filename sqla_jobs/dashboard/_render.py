@@ -18,10 +18,10 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
-from ..jobs import Jobs
-from ..stats import _age
-from ._csrf import FIELD, Csrf
-from ._flash import Flashes
+from sqla_jobs.dashboard._csrf import FIELD, Csrf
+from sqla_jobs.dashboard._flash import Flashes
+from sqla_jobs.jobs import Jobs
+from sqla_jobs.observe.stats import _age
 
 #: The pages of the navigation bar: (key, path, label).
 NAV = (

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
-from ..throughput import Minute
+from sqla_jobs.observe.throughput import Minute
 
 #: The outcomes a worker counts, in the order the chart stacks them (the common one at the
 #: bottom, the alarming ones on top where they show).

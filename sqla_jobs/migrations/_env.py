@@ -15,7 +15,7 @@ from alembic import context
 from sqlalchemy import create_engine, pool
 from sqlalchemy.engine import Connection
 
-from sqla_jobs._db import ENV_VAR, sqlalchemy_url
+from sqla_jobs.db.urls import ENV_VAR, sqlalchemy_url
 from sqla_jobs.migrations.schema import migration_schema
 from sqla_jobs.model import VERSION_TABLE, metadata
 

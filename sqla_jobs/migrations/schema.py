@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from ..kinds import NAME_RE
+from sqla_jobs.kinds import NAME_RE
 
 
 def migration_schema() -> str | None:

@@ -16,7 +16,7 @@ import psycopg
 from pydantic import BaseModel
 
 from sqla_jobs import JobCancelledError, JobContext, Jobs
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 from tests.acceptance.app import EFFECTS_TABLE, effect
 
 jobs = Jobs()

@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_jobs import JobContext, Jobs
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 
 jobs = Jobs()
 # No connection until a handler runs: the test process imports this for its models only.

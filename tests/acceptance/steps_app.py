@@ -10,7 +10,7 @@ import psycopg
 from pydantic import BaseModel
 
 from sqla_jobs import Backoff, JobContext, Jobs
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 
 jobs = Jobs()
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import NullPool
 
-from sqla_jobs._db import parse_url, sqlalchemy_url
+from sqla_jobs.db.urls import parse_url, sqlalchemy_url
 from sqla_jobs.migrate import upgrade
 from tests.acceptance._processes import REPO, cli_env, run_cli
 from tests.conftest import create_database, drop_database

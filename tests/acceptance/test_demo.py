@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psycopg
 
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 
 REPO = Path(__file__).resolve().parents[2]
 

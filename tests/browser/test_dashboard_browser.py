@@ -26,7 +26,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.pool import NullPool
 
 from sqla_jobs import Jobs
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 from tests._waiting import wait_until
 from tests.acceptance._processes import REPO, cli_env
 from tests.reliability import test_roles as doc

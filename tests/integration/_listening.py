@@ -5,7 +5,7 @@ from __future__ import annotations
 import psycopg
 from psycopg import sql
 
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 
 #: How long "no notification" is watched for: the notifier sends within milliseconds.
 QUIET = 0.3

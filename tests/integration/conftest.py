@@ -6,7 +6,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from sqla_jobs import Jobs, _notifier
+from sqla_jobs import Jobs
+from sqla_jobs.enqueue import notifier as _notifier
 
 from ._listening import Heard
 

@@ -14,8 +14,8 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Jobs
-from sqla_jobs._db import libpq_conninfo
-from sqla_jobs._sql import WorkerSQL
+from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.sql.compiled import WorkerSQL
 
 from ._workers import running_workers, wait_until
 

@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from sqla_jobs import JobNotFoundError, JobReferencedError, Jobs, JobStateError
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 
 from .test_operations import Task, dead_job, state
 from .test_worker import enqueue, execute

@@ -38,11 +38,11 @@ from sqla_jobs import (
     PayloadTooLargeError,
     SqlaJobsError,
     UnknownKindError,
-    _notifier,
 )
-from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
-from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD, enqueue_many
-from sqla_jobs.validate import Batch, Prepared
+from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
+from sqla_jobs.enqueue import notifier as _notifier
+from sqla_jobs.enqueue.insert import CHUNK, COPY_THRESHOLD, enqueue_many
+from sqla_jobs.enqueue.validate import Batch, Prepared
 from tests.conftest import alembic_config
 
 UTC = timezone.utc

@@ -29,8 +29,8 @@ from sqla_jobs import (
     Snooze,
     Worker,
 )
-from sqla_jobs._db import sqlalchemy_url
-from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD
+from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.enqueue.insert import CHUNK, COPY_THRESHOLD
 from tests._waiting import wait_until
 
 from .test_worker import DEADLINE, enqueue, job_row, make_due, running

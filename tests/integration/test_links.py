@@ -40,11 +40,11 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateTable
 
 from sqla_jobs import InvalidOptionError, Job, Jobs, Retention, Unique, links
-from sqla_jobs._cli_common import CLIError
-from sqla_jobs._cli_links import Linked
-from sqla_jobs._cli_links import statement as linked_statement
-from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
-from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD
+from sqla_jobs.cli.common import CLIError
+from sqla_jobs.cli.links import Linked
+from sqla_jobs.cli.links import statement as linked_statement
+from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
+from sqla_jobs.enqueue.insert import CHUNK, COPY_THRESHOLD
 from tests._waiting import wait_until
 from tests.conftest import REPO, alembic_config
 

@@ -13,10 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from sqla_jobs import EnqueueError, InvalidMetaError, Jobs, _row
-from sqla_jobs._db import sqlalchemy_url
-from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD
-from sqla_jobs.validate import MAX_META_BYTES
+from sqla_jobs import EnqueueError, InvalidMetaError, Jobs
+from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.enqueue import row as _row
+from sqla_jobs.enqueue.insert import CHUNK, COPY_THRESHOLD
+from sqla_jobs.enqueue.validate import MAX_META_BYTES
 
 
 class Ping(BaseModel):

@@ -30,10 +30,10 @@ from sqla_jobs import (
     Jobs,
     Snooze,
     Worker,
-    _health,
-    statements,
 )
-from sqla_jobs.metrics import Metrics
+from sqla_jobs.observe.metrics import Metrics
+from sqla_jobs.sql import statements
+from sqla_jobs.worker import health as _health
 from tests._waiting import wait_until
 from tests.integration._workers import running_workers
 

@@ -17,9 +17,10 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, make_url, text
 from sqlalchemy.orm import Session
 
-from sqla_jobs import ConfigurationError, Jobs, _notifier
-from sqla_jobs._db import libpq_conninfo
-from sqla_jobs._notifier import Notifier
+from sqla_jobs import ConfigurationError, Jobs
+from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.enqueue import notifier as _notifier
+from sqla_jobs.enqueue.notifier import Notifier
 
 from ._listening import Heard
 from ._workers import wait_until
@@ -111,7 +112,7 @@ def test_a_statement_the_server_refuses_keeps_the_connection_and_is_logged_once(
     role, grant = refused_role
     url = make_url(migrated_url).set(username=role, password=None)
     notifier = start(libpq_conninfo(url.render_as_string(hide_password=False)))
-    with caplog.at_level(logging.INFO, logger="sqla_jobs.enqueue"):
+    with caplog.at_level(logging.INFO, logger="sqla_jobs.enqueue.insert"):
         for n in range(5):
             notifier.send([(CHANNEL, f"refused{n}")])
             assert notifier.flush(5), "a refused statement stays in flight"
@@ -144,7 +145,7 @@ def test_an_unforeseen_error_in_the_thread_does_not_end_the_wakeups(
 
     monkeypatch.setattr(Notifier, "_answered", once)
     notifier = start(libpq_conninfo(migrated_url))
-    with caplog.at_level(logging.WARNING, logger="sqla_jobs.enqueue"):
+    with caplog.at_level(logging.WARNING, logger="sqla_jobs.enqueue.insert"):
         notifier.send([(CHANNEL, "first")])
         assert heard.within(5) == ["first"]
         assert raised
@@ -195,7 +196,10 @@ def test_a_notifier_that_cannot_be_reached_never_fails_the_commit(
         raise RuntimeError("can't create new thread at interpreter shutdown")
 
     monkeypatch.setattr(_notifier, "notifier", unavailable)
-    with caplog.at_level(logging.WARNING, logger="sqla_jobs.enqueue"), Session(clean) as session:
+    with (
+        caplog.at_level(logging.WARNING, logger="sqla_jobs.enqueue.insert"),
+        Session(clean) as session,
+    ):
         job_id = jobs.enqueue(session, Ping()).id
         session.commit()
     with clean.connect() as conn:

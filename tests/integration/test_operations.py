@@ -345,7 +345,7 @@ def test_the_guide_select_recipes_list_dead_jobs_and_filter_by_meta(clean: Engin
 def test_async_operations_ride_the_async_session(clean: Engine, migrated_url: str) -> None:
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 
-    from sqla_jobs._db import sqlalchemy_url
+    from sqla_jobs.db.urls import sqlalchemy_url
 
     jobs = Jobs()
     jobs.register("task", Task)

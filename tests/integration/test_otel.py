@@ -26,9 +26,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from sqla_jobs import ConfigurationError, Discard, JobContext, Jobs, Snooze, Unique
-from sqla_jobs._db import sqlalchemy_url
-from sqla_jobs.enqueue import COPY_THRESHOLD
-from sqla_jobs.otel import instrument
+from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.enqueue.insert import COPY_THRESHOLD
+from sqla_jobs.observe.tracing import instrument
 
 from ._workers import running_workers, wait_until
 from .test_hooks import stored_metas
@@ -359,7 +359,7 @@ def test_importing_sqla_jobs_and_running_a_worker_never_imports_opentelemetry(
         from sqlalchemy import create_engine
         from sqlalchemy.orm import Session
         import sqla_jobs, sqla_jobs.cli, sqla_jobs.testing
-        from sqla_jobs._db import sqlalchemy_url
+        from sqla_jobs.db.urls import sqlalchemy_url
 
         class Ping(BaseModel):
             n: int = 0

@@ -16,10 +16,10 @@ from psycopg import sql
 from sqlalchemy import Engine
 
 from sqla_jobs import Jobs, Retention
-from sqla_jobs._connections import Connector
-from sqla_jobs._db import libpq_conninfo
-from sqla_jobs._pruner import HISTORY, THROUGHPUT, Pruner, PruneSQL, count, prune
-from sqla_jobs._sql import WorkerSQL
+from sqla_jobs.db.connections import Connector
+from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.sql.compiled import WorkerSQL
+from sqla_jobs.worker.pruner import HISTORY, THROUGHPUT, Pruner, PruneSQL, count, prune
 from tests.integration._workers import running_workers, wait_until
 
 SQL = PruneSQL(None)

@@ -18,9 +18,9 @@ from sqlalchemy import Engine, make_url, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Jobs, ScheduleNotFoundError, Unique, Worker
-from sqla_jobs._connections import Connector
-from sqla_jobs._db import libpq_conninfo
-from sqla_jobs._scheduler import RETRY_AFTER, Scheduler
+from sqla_jobs.db.connections import Connector
+from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.periodic.scheduler import RETRY_AFTER, Scheduler
 from tests._waiting import wait_until
 from tests.integration._workers import running_workers
 

@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import async_scoped_session, async_sessionmaker, cre
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 from sqla_jobs import Job, JobContext, Jobs, Unique, testing
-from sqla_jobs._db import sqlalchemy_url
-from sqla_jobs.enqueue import COPY_THRESHOLD
+from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.enqueue.insert import COPY_THRESHOLD
 
 BUSINESS = "scoped_session_invoice"
 

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_asyn
 from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_jobs import JobContext, Jobs
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 from tests.integration._workers import running_workers, wait_until
 
 

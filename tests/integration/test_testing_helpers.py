@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from sqla_jobs import JobContext, Jobs, testing
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 
 
 class Invoice(BaseModel):

@@ -16,7 +16,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sess
 from sqlalchemy.pool import NullPool
 
 from sqla_jobs import ConfigurationError, JobContext, Jobs, LeaseLostError, StepError, testing
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 
 
 class Base(DeclarativeBase):

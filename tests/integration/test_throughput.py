@@ -15,9 +15,9 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Jobs, Retention, Worker
-from sqla_jobs._pruner import THROUGHPUT, Pruner
-from sqla_jobs._tally import Tally
-from sqla_jobs.throughput import Minute, recent
+from sqla_jobs.observe.tally import Tally
+from sqla_jobs.observe.throughput import Minute, recent
+from sqla_jobs.worker.pruner import THROUGHPUT, Pruner
 from tests.integration._workers import running_workers, wait_until
 from tests.integration.test_metrics import (
     Failing,
@@ -199,7 +199,7 @@ def test_a_flush_that_loses_its_connection_keeps_the_counts_for_the_next_one(
 ) -> None:
     import psycopg
 
-    from sqla_jobs._db import libpq_conninfo
+    from sqla_jobs.db.urls import libpq_conninfo
 
     tally = Tally(schema=None, name="t")
     tally.reaped("task", "m1")
@@ -225,8 +225,8 @@ def test_the_pruner_deletes_minutes_older_than_the_retention_and_keeps_the_rest(
                 ),
                 {"age": age},
             )
-    from sqla_jobs._connections import Connector
-    from sqla_jobs._db import libpq_conninfo
+    from sqla_jobs.db.connections import Connector
+    from sqla_jobs.db.urls import libpq_conninfo
 
     pruner = Pruner(
         connector=Connector(libpq_conninfo(migrated_url), "pruner-test", None),

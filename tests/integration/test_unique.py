@@ -25,7 +25,7 @@ from sqla_jobs import (
     UniqueKeyTakenError,
     testing,
 )
-from sqla_jobs.enqueue import COPY_THRESHOLD
+from sqla_jobs.enqueue.insert import COPY_THRESHOLD
 
 UTC = timezone.utc
 
@@ -424,7 +424,7 @@ def test_a_unique_job_fails_is_retried_and_completes_without_a_unique_violation(
 def test_async_enqueue_of_unique_jobs(migrated_url: str, clean: Engine) -> None:
     import asyncio
 
-    from sqla_jobs._db import sqlalchemy_url
+    from sqla_jobs.db.urls import sqlalchemy_url
 
     async def main() -> tuple[bool | None, Job, Job, EnqueuedIds]:
         engine = create_async_engine(sqlalchemy_url(migrated_url))
@@ -451,7 +451,7 @@ def test_processes_racing_on_the_same_keys_commit_exactly_one_job_per_key(
     shuffled batches: no deadlock, no unique violation, one job per key committed."""
     import multiprocessing
 
-    from sqla_jobs._db import sqlalchemy_url
+    from sqla_jobs.db.urls import sqlalchemy_url
     from tests.integration._unique_enqueuers import enqueue_rounds
 
     url = sqlalchemy_url(migrated_url)

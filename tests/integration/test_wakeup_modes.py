@@ -18,8 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from sqla_jobs import ConfigurationError, JobContext, Jobs, _notifier, _notify
-from sqla_jobs._db import sqlalchemy_url, with_database
+from sqla_jobs import ConfigurationError, JobContext, Jobs
+from sqla_jobs.db.urls import sqlalchemy_url, with_database
+from sqla_jobs.enqueue import notifier as _notifier
+from sqla_jobs.enqueue import wakeup as _notify
 
 from ._listening import QUIET, Heard
 from ._workers import running_workers, wait_until
@@ -289,7 +291,7 @@ def test_jobs_are_still_picked_up_by_polling_when_the_notifier_cannot_connect(
                 for pid in notifier_pids(clean):
                     admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
                 admin.commit()
-                with caplog.at_level(logging.WARNING, logger="sqla_jobs.enqueue"):
+                with caplog.at_level(logging.WARNING, logger="sqla_jobs.enqueue.insert"):
                     with Session(clean) as session:
                         jobs.enqueue(session, Counted(n=2))
                         session.commit()

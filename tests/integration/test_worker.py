@@ -25,10 +25,10 @@ from sqlalchemy import Engine, Row, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Backoff, ConfigurationError, JobContext, Jobs, Worker
-from sqla_jobs._db import libpq_conninfo
-from sqla_jobs._holdings import Holdings
+from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.testing import WorkerSeams
-from sqla_jobs.worker import EXIT_STUCK
+from sqla_jobs.worker.facade import EXIT_STUCK
+from sqla_jobs.worker.holdings import Holdings
 from tests._waiting import wait_until
 
 T = TypeVar("T")

@@ -11,10 +11,10 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
 from sqla_jobs import JobContext, Jobs
-from sqla_jobs._connections import AsyncConn, Conn, Connector
-from sqla_jobs._db import libpq_conninfo
-from sqla_jobs._listener import Listener
+from sqla_jobs.db.connections import AsyncConn, Conn, Connector
+from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.testing import WorkerSeams
+from sqla_jobs.worker.listener import Listener
 
 from ._workers import running_workers, wait_until
 

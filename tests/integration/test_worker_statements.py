@@ -18,10 +18,11 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from sqlalchemy import Engine
 
-from sqla_jobs import Backoff, statements
-from sqla_jobs._db import libpq_conninfo
-from sqla_jobs._sql import WorkerSQL
+from sqla_jobs import Backoff
 from sqla_jobs.context import ClaimedJob
+from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.sql import statements
+from sqla_jobs.sql.compiled import WorkerSQL
 
 SQL = WorkerSQL(None)
 LEASE = timedelta(seconds=30)

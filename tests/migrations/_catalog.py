@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import Connection, create_engine, text
 from sqlalchemy.pool import NullPool
 
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 
 Rows = set[tuple[Any, ...]]
 #: Alembic's own version table, and the one of sqla-jobs' environment (sqla-jobs migrate, the

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 from tests.migrations._revision_files import Revision, package_untouched, read_revision
 
 #: The naming convention from SQLAlchemy's documentation. Its "ck" uses %(constraint_name)s, so it

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sqla_jobs.cli import main
+from sqla_jobs.cli.entry import main
 from tests.conftest import create_database, drop_database
 from tests.migrations._catalog import (
     SHARED_VERSIONS,

@@ -15,9 +15,10 @@ from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.pool import NullPool
 
 import sqla_jobs
-from sqla_jobs import migrate, statements
-from sqla_jobs._db import sqlalchemy_url
-from sqla_jobs.cli import main
+from sqla_jobs import migrate
+from sqla_jobs.cli.entry import main
+from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.sql import statements
 from tests._waiting import wait_until
 from tests.migrations._catalog import (
     OWN_VERSIONS,

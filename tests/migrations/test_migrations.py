@@ -22,7 +22,7 @@ from sqlalchemy.pool import NullPool
 from sqlalchemy.schema import CreateIndex
 
 import sqla_jobs
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 from tests.conftest import alembic_config
 from tests.migrations._catalog import (
     OWN_VERSIONS,

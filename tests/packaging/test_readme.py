@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sqla_jobs.cli import build_parser
+from sqla_jobs.cli.entry import build_parser
 from tests import _readme
 from tests.migrations._documented import DOC, documented_commands
 

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 _PROBE = """
 import json, sys
-import sqla_jobs, sqla_jobs.worker, sqla_jobs.enqueue, sqla_jobs.cli
+import sqla_jobs, sqla_jobs.worker, sqla_jobs.enqueue.insert, sqla_jobs.cli
 sqla_jobs.cli.build_parser()
 print(json.dumps(sorted(sys.modules)))
 """

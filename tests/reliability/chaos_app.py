@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
 from sqla_jobs import JobContext, Jobs
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 
 REPO = Path(__file__).resolve().parents[2]
 TARGET = "tests.reliability.chaos_app:jobs"

@@ -25,7 +25,7 @@ import psycopg
 from pydantic import BaseModel
 
 from sqla_jobs import JobContext, Jobs, Worker
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 from tests._waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from sqla_jobs import JobContext, Jobs
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 
 TARGET = "tests.reliability.session_app:jobs"
 #: Kills may hit a job several times; it must never go dead for it here.

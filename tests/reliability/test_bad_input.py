@@ -47,8 +47,8 @@ from sqla_jobs import (
     Worker,
     testing,
 )
-from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
-from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD
+from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
+from sqla_jobs.enqueue.insert import CHUNK, COPY_THRESHOLD
 from tests.reliability import edge_app
 from tests.reliability.conftest import Figures, injects
 from tests.reliability.edge_app import wait_running

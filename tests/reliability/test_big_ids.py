@@ -22,7 +22,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import JobContext, Jobs, Worker, testing
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 from tests.conftest import alembic_config, create_database, drop_database
 from tests.reliability import edge_app
 from tests.reliability.conftest import Figures, injects

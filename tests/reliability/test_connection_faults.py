@@ -23,7 +23,7 @@ import psycopg.sql
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs.db.urls import libpq_conninfo
 from tests.integration._workers import wait_until
 from tests.reliability.chaos_app import (
     Fleet,

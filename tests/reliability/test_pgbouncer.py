@@ -38,7 +38,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Backoff, JobContext, Jobs, Worker
-from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
+from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
 from tests.reliability import edge_app
 from tests.reliability.conftest import Figures, injects, scaled
 from tests.reliability.edge_app import EFFECTS_DDL, EFFECTS_TABLE, Hold, edge_workers, wait_for

@@ -46,12 +46,12 @@ from sqla_jobs import (
     OnConflict,
     Unique,
     Worker,
-    stats,
     testing,
 )
-from sqla_jobs._db import libpq_conninfo, sqlalchemy_url
-from sqla_jobs.enqueue import CHUNK, COPY_THRESHOLD
+from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
+from sqla_jobs.enqueue.insert import CHUNK, COPY_THRESHOLD
 from sqla_jobs.migrate import upgrade
+from sqla_jobs.observe import stats
 from tests.reliability import edge_app
 from tests.reliability.conftest import Figures, injects
 from tests.reliability.edge_app import wait_for, wait_running

@@ -15,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
-from sqla_jobs._db import sqlalchemy_url
+from sqla_jobs.db.urls import sqlalchemy_url
 from tests.integration._workers import wait_until
 from tests.reliability.chaos_app import (
     Fleet,

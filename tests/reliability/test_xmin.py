@@ -30,8 +30,9 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_jobs import JobContext, Jobs, Worker, stats
-from sqla_jobs._db import libpq_conninfo
+from sqla_jobs import JobContext, Jobs, Worker
+from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.observe import stats
 from tests.reliability import edge_app
 from tests.reliability.conftest import Figures, injects, scaled
 from tests.reliability.edge_app import wait_running

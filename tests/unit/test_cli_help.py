@@ -10,8 +10,8 @@ from importlib.metadata import version
 
 import pytest
 
-from sqla_jobs import _prefetch
-from sqla_jobs.cli import build_parser, main
+from sqla_jobs.cli.entry import build_parser, main
+from sqla_jobs.worker import prefetch as _prefetch
 
 #: reStructuredText a terminal shows as is: literals, roles, interpreted text.
 RST = re.compile(r"``|`|:(?:class|func|meth|mod|data|attr|exc|obj|ref|doc):")

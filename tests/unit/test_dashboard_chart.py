@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from sqla_jobs.dashboard import _chart, _series
-from sqla_jobs.throughput import Minute
+from sqla_jobs.observe.throughput import Minute
 
 SVG = "{http://www.w3.org/2000/svg}"
 NOW = datetime(2026, 12, 1, 12, 30, 42, tzinfo=timezone.utc)

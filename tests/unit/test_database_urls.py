@@ -8,7 +8,7 @@ from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy.engine import make_url
 
 from sqla_jobs import DatabaseURLError
-from sqla_jobs._db import libpq_conninfo, parse_url, redact, sqlalchemy_url, with_database
+from sqla_jobs.db.urls import libpq_conninfo, parse_url, redact, sqlalchemy_url, with_database
 
 #: A password with every character a URL gives a meaning to, and a quote and a space for libpq.
 SECRET = "p@ss:w/rd?#%'\\ x+&="

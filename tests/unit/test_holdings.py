@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqla_jobs._holdings import Holdings
 from sqla_jobs._outcome import Outcome
 from sqla_jobs.context import ClaimedJob, JobContext
+from sqla_jobs.worker.holdings import Holdings
 
 from ._claimed import claimed_job
 

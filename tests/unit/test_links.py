@@ -10,8 +10,8 @@ from sqlalchemy.dialects.postgresql import UUID
 from sqlalchemy.schema import CreateTable
 
 from sqla_jobs import ConfigurationError, InvalidOptionError, Job, link_table, links
-from sqla_jobs._cli_common import CLIError
-from sqla_jobs._cli_links import Linked
+from sqla_jobs.cli.common import CLIError
+from sqla_jobs.cli.links import Linked
 
 META = MetaData()
 ORDERS = Table("orders", META, Column("id", Integer, primary_key=True))

@@ -23,7 +23,7 @@ def test_without_metrics_nothing_imports_prometheus_client() -> None:
 
 
 def test_metrics_refuse_a_port_out_of_range_and_an_interval_not_above_zero() -> None:
-    from sqla_jobs.metrics import Metrics
+    from sqla_jobs.observe.metrics import Metrics
 
     with pytest.raises(ConfigurationError, match="port must be 0 to 65535"):
         Metrics(port=70000)

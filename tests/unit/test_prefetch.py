@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sqla_jobs._prefetch import Prefetch
+from sqla_jobs.worker.prefetch import Prefetch
 
 
 @pytest.mark.parametrize(

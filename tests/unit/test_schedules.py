@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from sqla_jobs import JobContext, Jobs, Periodic, RegistryError
-from sqla_jobs.schedules import Missed, Plan
+from sqla_jobs.periodic.schedule import Missed, Plan
 
 UTC = timezone.utc
 PARIS = ZoneInfo("Europe/Paris")

@@ -18,8 +18,8 @@ from sqlalchemy.sql.compiler import Compiled
 from sqlalchemy.sql.elements import ClauseElement
 from sqlalchemy.sql.expression import Executable
 
-from sqla_jobs import statements
 from sqla_jobs.model import STATES
+from sqla_jobs.sql import statements
 
 SQL_DIR = Path(__file__).resolve().parent.parent / "sql"
 UPDATE = os.environ.get("SQLA_JOBS_UPDATE_SQL") == "1"

@@ -10,13 +10,13 @@ import pytest
 from pydantic import BaseModel
 
 from sqla_jobs import Jobs
+from sqla_jobs.enqueue.validate import Batch, prepare, prepare_many
 from sqla_jobs.errors import (
     InvalidPayloadError,
     InvalidTextError,
     PayloadTooLargeError,
     UnknownKindError,
 )
-from sqla_jobs.validate import Batch, prepare, prepare_many
 
 
 class Ping(BaseModel):

@@ -1,0 +1,252 @@
+"""``sqla-jobs jobs`` and ``sqla-jobs queues``: the operations of :mod:`sqla_jobs.operations.facade` for a
+person at a terminal, and their listings (:mod:`sqla_jobs.cli.listings`).
+
+Each command opens its own Session, runs one API call (or one read), commits, and prints what it
+changed. Errors are one line on stderr: an unknown id or a job in the wrong state exits 6
+(``EXIT_NOT_APPLICABLE``), a bad filter or name exits 2; either way nothing changed, because the
+API checks everything before its first write and the transaction is rolled back.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import create_engine
+from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
+
+from sqla_jobs.cli import listings
+from sqla_jobs.cli.common import EXIT_OK, CLIError, add_database_options, checked_name, prepared_url
+from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.jobs import Jobs
+from sqla_jobs.observe.stats import queue_overview
+from sqla_jobs.operations import jobs as _ops
+from sqla_jobs.operations.jobs import FILTER_LIMIT, said
+
+Command = Callable[[argparse.Namespace], int]
+
+
+@contextmanager
+def open_session(args: argparse.Namespace) -> Iterator[tuple[Jobs, Session]]:
+    """A ``Jobs`` for ``--schema`` and a Session on ``--database-url``, after the preflight check;
+    the engine is disposed of on the way out."""
+    jobs = Jobs(schema=getattr(args, "schema", None))
+    url = prepared_url(args)
+    engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
+    try:
+        with Session(engine) as session:
+            yield jobs, session
+    finally:
+        engine.dispose()
+
+
+def job_ids(values: Sequence[str]) -> list[int]:
+    """Job ids from the command line, each a positive whole number (else a usage error)."""
+    out = []
+    for value in values:
+        try:
+            number = int(value)
+        except ValueError:
+            number = 0
+        if number < 1 or number >= 2**63:
+            raise CLIError(f"invalid job id {value!r}: ids are whole numbers from 1")
+        out.append(number)
+    return out
+
+
+def _capped(ids: Sequence[int]) -> str:
+    if len(ids) < FILTER_LIMIT:
+        return ""
+    return f" (at most {FILTER_LIMIT} per run: run it again for the rest)"
+
+
+def ids_or_all_dead(
+    args: argparse.Namespace, verb: str
+) -> tuple[list[int], str | None, str | None]:
+    """The ids, kind and queue of ``jobs retry`` / ``jobs delete``: ids, or --all-dead with its
+    filters, never both."""
+    ids = job_ids(args.ids)
+    if ids and args.all_dead:
+        raise CLIError("give job ids or --all-dead, not both")
+    if not ids and not args.all_dead:
+        raise CLIError(f"give the ids of the jobs to {verb}, or --all-dead")
+    if ids and (args.kind or args.queue):
+        raise CLIError("--kind and --queue filter --all-dead; with ids, give only ids")
+    return ids, checked_name("kind", args.kind), checked_name("queue", args.queue)
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    ids, kind, queue = ids_or_all_dead(args, "retry")
+    with open_session(args) as (jobs, session), session.begin():
+        result = _ops.retry_detail(session, jobs._scope, ids or None, kind=kind, queue=queue)
+    done = result.retried
+    if not done and not result.kept:
+        print("no dead jobs to retry")
+    elif done:
+        print(said("retried", done) + _capped(done))
+    if result.kept:
+        kept = ", ".join(f"{i} (held by job {h})" for i, h in result.kept.items())
+        print(f"kept {len(result.kept)} dead, their unique key held by another job: {kept}")
+    return EXIT_OK
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    ids, kind, queue = ids_or_all_dead(args, "delete")
+    with open_session(args) as (jobs, session), session.begin():
+        done = jobs.delete(session, ids or None, kind=kind, queue=queue)
+    print(said("deleted", done) + _capped(done) if done else "no dead jobs to delete")
+    return EXIT_OK
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    ids = job_ids(args.ids)
+    if ids and (args.queue or args.kind):
+        raise CLIError("give job ids or --queue (with --kind), not both")
+    if not ids and not args.queue:
+        raise CLIError("give the ids of the jobs to cancel, or --queue (and --kind)")
+    kind, queue = checked_name("kind", args.kind), checked_name("queue", args.queue)
+    with open_session(args) as (jobs, session), session.begin():
+        result = jobs.cancel(session, ids or None, kind=kind, queue=queue)
+    if result.cancelled:
+        print(said("cancelled", result.cancelled, "pending job"))
+    if result.requested:
+        print(
+            said("asked the workers to stop", result.requested, "running job")
+            + " (they end cancelled when their handlers stop)"
+        )
+    if not result.cancelled and not result.requested:
+        print("no pending or running jobs to cancel")
+    return EXIT_OK
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    with open_session(args) as (jobs, session), session.begin():
+        jobs.pause_queue(session, args.name)
+    print(f"paused queue {args.name}: workers claim none of its jobs until it is resumed")
+    return EXIT_OK
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    with open_session(args) as (jobs, session), session.begin():
+        jobs.resume_queue(session, args.name)
+    print(f"resumed queue {args.name}")
+    return EXIT_OK
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    query = listings.JobQuery.from_args(args)
+    with open_session(args) as (jobs, session), session.begin():
+        rows = listings.list_jobs(session, jobs, query)
+    _print(listings.render_jobs(rows, as_json=args.json))
+    return EXIT_OK
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    (job_id,) = job_ids([args.id])
+    with open_session(args) as (jobs, session), session.begin():
+        job = jobs.get(session, job_id)
+        if job is None:
+            raise listings.not_found(job_id)
+        text = listings.render_job(
+            job, as_json=args.json, payload=args.payload, traces=args.traceback
+        )
+    print(text)
+    return EXIT_OK
+
+
+def cmd_queues(args: argparse.Namespace) -> int:
+    with open_session(args) as (jobs, session), session.begin():
+        queues = queue_overview(session, jobs)
+    _print(listings.render_queues(queues, as_json=args.json))
+    return EXIT_OK
+
+
+def _print(text: str) -> None:
+    # JSON lines of nothing are no lines, not one empty line.
+    if text:
+        print(text)
+
+
+def register(sub: Any, epilog: str) -> None:
+    """Add ``jobs`` and ``queues`` to the ``sqla-jobs`` sub-commands ``sub``."""
+
+    def leaf(parent: Any, name: str, func: Command, help: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help, epilog=epilog)
+        add_database_options(p)
+        p.set_defaults(func=func)
+        return p
+
+    j = sub.add_parser("jobs", help="list, show, retry and cancel jobs", epilog=epilog)
+    js = j.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
+
+    ls = leaf(js, "list", cmd_list, "jobs newest first, filtered (never their payloads)")
+    ls.add_argument(
+        "--state",
+        action="append",
+        help="pending, running, completed, dead or cancelled (repeat, or comma-separate)",
+    )
+    ls.add_argument("--queue", help="only this queue's jobs")
+    ls.add_argument("--kind", help="only jobs of this kind")
+    ls.add_argument(
+        "--meta",
+        action="append",
+        metavar="KEY=VALUE",
+        help="only jobs whose meta has KEY with the string VALUE (KEY:=JSON for a number, "
+        "true, false, null or any JSON value); repeat to require several",
+    )
+    ls.add_argument(
+        "--linked",
+        metavar="TABLE.COLUMN=VALUE",
+        help="only jobs linked to the row whose COLUMN is VALUE through the link table TABLE "
+        "(a table with a foreign key to the job table; SCHEMA.TABLE.COLUMN=VALUE to name its "
+        "schema), e.g. order_jobs.order_id=42",
+    )
+    ls.add_argument(
+        "--limit",
+        default="50",
+        help=f"at most this many jobs (default 50, at most {listings.MAX_LIMIT})",
+    )
+    ls.add_argument("--json", action="store_true", help="one JSON object per job, one per line")
+
+    sh = leaf(js, "show", cmd_show, "one job: state, counters, times, errors, steps, meta")
+    sh.add_argument("id", metavar="ID")
+    sh.add_argument("--json", action="store_true", help="one JSON object (tracebacks included)")
+    sh.add_argument("--payload", action="store_true", help="show the payload too")
+    sh.add_argument("--traceback", action="store_true", help="show each error's traceback")
+
+    rt = leaf(
+        js,
+        "retry",
+        cmd_retry,
+        "run dead, cancelled or not-yet-due jobs again now, with whole budgets",
+    )
+    rt.add_argument("ids", nargs="*", metavar="ID")
+    rt.add_argument("--all-dead", action="store_true", help="every dead job (with the filters)")
+    rt.add_argument("--kind", help="with --all-dead: only this kind")
+    rt.add_argument("--queue", help="with --all-dead: only this queue")
+
+    dl = leaf(js, "delete", cmd_delete, "delete dead, cancelled or kept completed jobs for good")
+    dl.add_argument("ids", nargs="*", metavar="ID")
+    dl.add_argument("--all-dead", action="store_true", help="every dead job (with the filters)")
+    dl.add_argument("--kind", help="with --all-dead: only this kind")
+    dl.add_argument("--queue", help="with --all-dead: only this queue")
+
+    cn = leaf(js, "cancel", cmd_cancel, "cancel pending jobs, and stop running ones")
+    cn.add_argument("ids", nargs="*", metavar="ID")
+    cn.add_argument("--queue", help="every pending and running job of this queue")
+    cn.add_argument("--kind", help="with --queue: only this kind")
+
+    q = leaf(sub, "queues", cmd_queues, "jobs per queue and state, latency, paused or not")
+    q.add_argument("--json", action="store_true", help="one JSON object per queue, one per line")
+    qs = q.add_subparsers(dest="queues_command", metavar="COMMAND")
+    for name, func, help in (
+        ("pause", cmd_pause, "stop every worker from claiming the queue's jobs"),
+        ("resume", cmd_resume, "let workers claim the queue's jobs again"),
+    ):
+        p = qs.add_parser(name, help=help, epilog=epilog)
+        add_database_options(p, suppress=True)
+        p.add_argument("name", metavar="NAME")
+        p.set_defaults(func=func)

@@ -1,0 +1,75 @@
+"""Before a command touches the queue table: is it there, in the schema the command looks in, and
+as new as this version of sqla-jobs needs?
+
+Without this check a database that was never migrated surfaces as a 50-line traceback from the
+first claim, after the worker has started its threads. The check reads the catalog only, so it
+needs no privilege on the table and runs as any role that may connect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
+
+from sqla_jobs.db.urls import parse_url, sqlalchemy_url
+from sqla_jobs.errors import NotMigratedError
+from sqla_jobs.sql import statements
+
+#: Every column the package reads or writes; a table without one of them predates a revision.
+REQUIRED_COLUMNS = tuple(statements.job.columns.keys())
+
+
+def check_job_table(url: str, schema: str | None, select_schema: Callable[[str], str]) -> None:
+    """Raise :class:`NotMigratedError` unless ``sqla_jobs_job`` exists where the queue's statements
+    look for it (``schema``, or the search_path with None) and has every column the package uses.
+
+    ``select_schema(name)`` phrases how the caller points at another schema (``--schema NAME`` for
+    ``sqla-jobs stats``, ``Jobs(schema=...)`` for a worker); it is used when the table is found
+    only in another schema. Takes no locks; database errors propagate unchanged.
+    """
+    engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(statements.find_job_tables(), {"schema": schema}).all()
+    finally:
+        engine.dispose()
+    database = parse_url(url).database
+    of_database = f' of database "{database}"' if database else ""
+    where = f"the search_path{of_database}" if schema is None else f'schema "{schema}"{of_database}'
+    if rows and rows[0].wanted:
+        missing = [c for c in REQUIRED_COLUMNS if c not in rows[0].columns]
+        if missing:
+            raise NotMigratedError(
+                f'the queue table "{rows[0].schema}".sqla_jobs_job is older than this version of '
+                f"sqla-jobs needs (no column {', '.join(missing)})",
+                f"to upgrade it, {_migrate(schema)}",
+            )
+        return
+    if len(rows) == 1:
+        raise NotMigratedError(
+            f'no queue table sqla_jobs_job in {where}, but schema "{rows[0].schema}" has one',
+            f"to use it, {select_schema(rows[0].schema)}",
+        )
+    if rows:
+        others = ", ".join(f'"{r.schema}"' for r in rows)
+        raise NotMigratedError(
+            f"no queue table sqla_jobs_job in {where}, but schemas {others} have one",
+            f"to use one, {select_schema(rows[0].schema)}, or name another of them",
+        )
+    raise NotMigratedError(
+        f"no queue table sqla_jobs_job in {where}: the database is not migrated",
+        f"to create it, {_migrate(schema)}",
+    )
+
+
+def _migrate(schema: str | None) -> str:
+    if schema is None:
+        return (
+            "run `alembic upgrade heads` (if your application uses Alembic) or `sqla-jobs migrate`"
+        )
+    return (
+        f"run `alembic -x sqla_jobs_schema={schema} upgrade heads` (if your application uses "
+        f"Alembic) or `sqla-jobs migrate --schema {schema}`"
+    )

@@ -1,0 +1,338 @@
+"""Enqueue into the caller's ``Session`` (sync) or ``AsyncSession``: never a connection of our own,
+never a commit. The job exists if and only if the caller's transaction commits.
+
+The input arrives checked (:mod:`sqla_jobs.enqueue.validate`): nothing here raises for bad input, and the
+statements come from :mod:`sqla_jobs.sql.statements`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime, timedelta
+from itertools import chain
+from typing import TYPE_CHECKING, Any, cast
+
+import psycopg
+from sqlalchemy import Connection, Dialect, inspect
+from sqlalchemy.exc import DBAPIError, StatementError
+from sqlalchemy.orm import Mapper, Session, configure_mappers, make_transient_to_detached
+from sqlalchemy.orm.attributes import instance_state
+
+from sqla_jobs.enqueue import copy_rows as _copy
+from sqla_jobs.enqueue import row as _row
+from sqla_jobs.enqueue import wakeup as _notify
+from sqla_jobs.enqueue.row import Batch, Prepared
+from sqla_jobs.enqueue.wakeup import Wakeup
+from sqla_jobs.errors import EnqueueError
+from sqla_jobs.model import ENQUEUED, Job
+from sqla_jobs.sql import statements
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+_NOTIFIED_KEY = "sqla_jobs.notified"
+_INSERT_ONE = statements.insert_job()
+_INSERT_ONE_NOTIFY = statements.insert_job_and_notify()
+# Without the one optional column, meta, for a job that has none (see _row.Column.optional).
+_INSERT_ONE_LEAN = statements.insert_job(lean=True)
+_INSERT_ONE_NOTIFY_LEAN = statements.insert_job_and_notify(lean=True)
+_INSERT_MANY = statements.insert_jobs()
+_RESERVE_IDS = statements.reserve_job_ids()
+_NOTIFY = statements.notify()
+_JOB_MAPPER: Mapper[Job] = inspect(Job)
+_JOB_BIND = {"mapper": _JOB_MAPPER}
+#: Below this many jobs enqueue_many sends one INSERT; from it on, it reserves ids and COPYs.
+COPY_THRESHOLD = 64
+_ONE_US = timedelta(microseconds=1)
+_SAVEPOINT, _ROLLBACK_TO_SAVEPOINT, _RELEASE_SAVEPOINT = statements.COPY_SAVEPOINT
+#: Payloads validated at a time by enqueue_many, while the server stores the previous ones.
+CHUNK = 1024
+
+
+def _one_params(job: Prepared, run_at: datetime | None, delay: timedelta) -> dict[str, Any]:
+    params = dict(zip(_row.NAMES, job.values(), strict=True))
+    params["run_at"] = run_at
+    params["delay_us"] = delay // _ONE_US
+    return params
+
+
+def _many_params(batch: Batch, run_at: datetime | None, delay: timedelta) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        c.array: values for c, values in zip(_row.COLUMNS, batch.columns, strict=True)
+    }
+    params["run_at"] = run_at
+    params["delay_us"] = delay // _ONE_US
+    return params
+
+
+def _exec_options(schema: str | None) -> dict[str, Any]:
+    return {} if schema is None else {"schema_translate_map": {None: schema}}
+
+
+def _notified(session: Session) -> set[str]:
+    """The queues already woken (or planned to be) in the session's current (innermost)
+    transaction: one wakeup per queue and transaction is enough. Keyed on the innermost
+    transaction, so a rolled-back savepoint (whose wakeups are discarded with it) cannot suppress
+    the outer transaction's. Before the session has begun a transaction there is none, and
+    nothing has been woken.
+    """
+    tx = session.get_nested_transaction() or session.get_transaction()
+    if tx is None:
+        return set()
+    seen = session.info.get(_NOTIFIED_KEY)
+    if seen is None or seen[0] is not tx:
+        seen = (tx, set[str]())
+        session.info[_NOTIFIED_KEY] = seen
+    notified: set[str] = seen[1]
+    return notified
+
+
+def wake(
+    session: Session,
+    conn: Connection,
+    wakeup: Wakeup,
+    queues: Iterable[str],
+    due_now: bool,
+    options: dict[str, Any],
+) -> None:
+    """Wake ``queues`` as ``wakeup``'s mode says (see :mod:`sqla_jobs.enqueue.wakeup`), for jobs just
+    inserted on ``conn``, once per queue and transaction; nothing for jobs not due yet."""
+    if not due_now:
+        return
+    seen = _notified(session)
+    fresh = [q for q in dict.fromkeys(queues) if q not in seen]
+    seen.update(fresh)
+    for q in wakeup.plan(session, fresh) if fresh else ():
+        conn.execute(_NOTIFY, {"channel": wakeup.channel, "queue": q}, execution_options=options)
+
+
+def _insert_one(
+    session: Session, job: Prepared, run_at: datetime | None, delay: timedelta, wakeup: Wakeup
+) -> tuple[Any, dict[str, Any]]:
+    """The statement and parameters for one job: with the wakeup folded in when it rides the
+    transaction (see :mod:`sqla_jobs.enqueue.wakeup`) and this transaction has not sent it yet."""
+    params = _one_params(job, run_at, delay)
+    lean = job.meta is None
+    if lean:
+        # A parameter named after a column adds that column to the INSERT: leave it out.
+        del params["meta"]
+    seen = _notified(session)
+    if job.queue not in seen and _notify.due_now(run_at, params["delay_us"]):
+        seen.add(job.queue)
+        if wakeup.plan(session, [job.queue]):
+            stmt = _INSERT_ONE_NOTIFY_LEAN if lean else _INSERT_ONE_NOTIFY
+            return stmt, {**params, "channel": wakeup.channel, "queue_name": job.queue}
+    return _INSERT_ONE_LEAN if lean else _INSERT_ONE, params
+
+
+def _attach(session: Session, job: Prepared, filled: Sequence[Any]) -> Job:
+    """The inserted job as a persistent ``Job`` in ``session``, without loading it back: the
+    database's values (``filled``: :data:`statements.FILLED_COLUMNS`) plus what was bound. This is
+    what an ORM load of the RETURNING row would give, at a fraction of the cost on the hot path."""
+    if not _configured:
+        _configure()
+    obj = _JOB_MAPPER.class_manager.new_instance()
+    values = job.values()
+    for i in _JSON_AT:
+        if values[i] is not None:
+            values[i] = json.loads(values[i])
+    state = obj.__dict__
+    state.update(zip(_FILLED_KEYS, filled, strict=True))
+    state.update(zip(_row.NAMES, values, strict=True))
+    state.update(_UNSET)
+    state[ENQUEUED] = "inserted"
+    make_transient_to_detached(obj)
+    session.add(obj)
+    # Registered as inserted by the innermost transaction, as a flush registers an object it
+    # inserts: a rollback of that transaction (or of the savepoint) then makes it transient, as it
+    # does the Session's own inserts. Added as a detached object, it would stay persistent after
+    # the rollback, refreshing from a row that no longer exists (ObjectDeletedError).
+    tx = session._transaction
+    if tx is not None:
+        tx._new[instance_state(obj)] = True
+    return obj
+
+
+_FILLED_KEYS = tuple(c.key for c in statements.FILLED_COLUMNS)
+_JSON_AT = tuple(i for i, c in enumerate(_row.COLUMNS) if c.json)
+#: The columns neither written nor filled by the insert: NULL in a new row, set so that reading
+#: them does not load the row.
+_UNSET = dict.fromkeys(
+    c.key for c in _JOB_MAPPER.column_attrs if c.key not in {*_FILLED_KEYS, *_row.NAMES}
+)
+_configured = False
+
+
+def _configure() -> None:
+    """Configure the mappers once (an ORM query would have): a ``Job`` built by :func:`_attach`
+    needs its attribute instrumentation in place."""
+    global _configured
+    configure_mappers()
+    _configured = True
+
+
+def _copy_error(
+    dialect: Dialect, dbapi_connection: Any, exc: psycopg.Error, sql: str
+) -> StatementError:
+    """A driver error from COPY, as SQLAlchemy would have raised it from ``execute`` (an
+    ``IntegrityError``, ``OperationalError``, ...). When its ``connection_invalidated`` is set the
+    connection is lost, and the caller invalidates it so the pool does not hand it out again."""
+    disconnect = bool(dialect.is_disconnect(cast(Any, exc), dbapi_connection, None))
+    return DBAPIError.instance(
+        sql, None, exc, psycopg.Error, connection_invalidated=disconnect, dialect=dialect
+    )
+
+
+def _reserve_params(
+    count: int, run_at: datetime | None, delay: timedelta, schema: str | None
+) -> dict[str, Any]:
+    return {
+        "table": statements.job_table_name(schema),
+        "n": count,
+        "run_at": run_at,
+        "delay_us": delay // _ONE_US,
+    }
+
+
+@functools.cache
+def _copy_sql(schema: str | None) -> str:
+    return statements.copy_jobs(schema).text
+
+
+def enqueue(
+    session: Session,
+    job: Prepared,
+    run_at: datetime | None,
+    delay: timedelta,
+    *,
+    schema: str | None,
+    wakeup: Wakeup,
+) -> Job:
+    """Insert one prepared job through ``session`` and queue its wakeup; returns the ``Job``.
+
+    The one implementation: :func:`enqueue_async` runs it in the ``AsyncSession``'s greenlet."""
+    conn = session.connection(bind_arguments=_JOB_BIND)
+    stmt, params = _insert_one(session, job, run_at, delay, wakeup)
+    filled = conn.execute(stmt, params, execution_options=_exec_options(schema)).one()
+    return _attach(session, job, filled)
+
+
+def enqueue_many(
+    session: Session,
+    count: int,
+    chunks: Iterator[Batch],
+    run_at: datetime | None,
+    delay: timedelta,
+    *,
+    schema: str | None,
+    wakeup: Wakeup,
+) -> list[int]:
+    """Insert ``count`` jobs, validated a chunk at a time by ``chunks``, through ``session``;
+    returns the ids in payload order.
+
+    Small batches are one ``INSERT ... SELECT FROM unnest(...)``. From :data:`COPY_THRESHOLD` jobs
+    on, on psycopg 3, the ids are reserved in one statement and the rows sent by ``COPY`` on the
+    session's own connection, inside its transaction: several times faster per job. The first
+    chunk is validated before any SQL runs. A COPY of more than one chunk validates each next chunk
+    while the server stores the last (the two take about as long), inside a savepoint: a bad
+    payload further on aborts the COPY, the savepoint is rolled back, and the transaction is as it
+    was, with nothing written. A role that may not take ids from the sequence gets the INSERT.
+
+    The one implementation: :func:`enqueue_many_async` runs it in the ``AsyncSession``'s greenlet.
+    """
+    first = next(chunks, None)
+    if first is None:
+        return []
+    opts = _exec_options(schema)
+    conn = session.connection(bind_arguments=_JOB_BIND)
+    queues = dict.fromkeys(first.column("queue"))
+    ids = None
+    if count >= COPY_THRESHOLD and isinstance(
+        conn.connection.driver_connection, (psycopg.Connection, psycopg.AsyncConnection)
+    ):
+        reserved = conn.execute(
+            _RESERVE_IDS, _reserve_params(count, run_at, delay, schema), execution_options=opts
+        ).one()
+        if reserved.ids is not None:
+            ids = sorted(reserved.ids)
+            streamed = len(first) < count
+            _copy_rows(conn, first, chunks, ids, reserved.run_at, streamed, schema, queues)
+    if ids is None:
+        for batch in chunks:
+            first.absorb(batch)
+            queues.update(dict.fromkeys(batch.column("queue")))
+        ids = list(
+            conn.scalars(_INSERT_MANY, _many_params(first, run_at, delay), execution_options=opts)
+        )
+    wake(session, conn, wakeup, queues, _notify.due_now(run_at, delay // _ONE_US), opts)
+    return ids
+
+
+def _copy_rows(
+    conn: Connection,
+    first: Batch,
+    chunks: Iterator[Batch],
+    ids: list[int],
+    when: datetime,
+    streamed: bool,
+    schema: str | None,
+    queues: dict[str, None],
+) -> None:
+    """COPY ``first`` and the rest of ``chunks`` under the reserved ``ids``; with ``streamed``,
+    inside a savepoint that a bad payload of a later chunk rolls back. Adds the later chunks'
+    queues to ``queues`` (for the wakeups)."""
+    sql = _copy_sql(schema)
+    if streamed:
+        conn.exec_driver_sql(_SAVEPOINT)
+
+    def data() -> Iterator[str]:
+        done = 0
+        for batch in chain([first], chunks):
+            queues.update(dict.fromkeys(batch.column("queue")))
+            yield from _copy.text(batch, ids[done : done + len(batch)], when)
+            done += len(batch)
+
+    try:
+        _copy.copy(conn.connection.driver_connection, sql, data())
+    except EnqueueError:
+        conn.exec_driver_sql(_ROLLBACK_TO_SAVEPOINT)
+        conn.exec_driver_sql(_RELEASE_SAVEPOINT)
+        raise
+    except psycopg.Error as exc:
+        error = _copy_error(conn.dialect, conn.connection.dbapi_connection, exc, sql)
+        if error.connection_invalidated:
+            conn.invalidate(exc)
+        raise error from exc
+    if streamed:
+        conn.exec_driver_sql(_RELEASE_SAVEPOINT)
+
+
+async def enqueue_async(
+    session: AsyncSession,
+    job: Prepared,
+    run_at: datetime | None,
+    delay: timedelta,
+    *,
+    schema: str | None,
+    wakeup: Wakeup,
+) -> Job:
+    """:func:`enqueue` for an ``AsyncSession``."""
+    return await session.run_sync(enqueue, job, run_at, delay, schema=schema, wakeup=wakeup)
+
+
+async def enqueue_many_async(
+    session: AsyncSession,
+    count: int,
+    chunks: Iterator[Batch],
+    run_at: datetime | None,
+    delay: timedelta,
+    *,
+    schema: str | None,
+    wakeup: Wakeup,
+) -> list[int]:
+    """:func:`enqueue_many` for an ``AsyncSession`` (COPY on psycopg's ``AsyncConnection``)."""
+    return await session.run_sync(
+        enqueue_many, count, chunks, run_at, delay, schema=schema, wakeup=wakeup
+    )

@@ -1,0 +1,99 @@
+"""The queue sampler thread of a worker with metrics: one worker across all machines samples the
+queues' depth every interval, and only that worker's ``/metrics`` shows it.
+
+The election is the pruner's (:mod:`sqla_jobs.worker.pruner`): a *session-level* advisory lock tried
+without waiting, on the sampler's own connection. Unlike the pruner, the winner keeps it for as
+long as its connection lives, so the gauges come from one worker, steadily, rather than from a
+different one at each interval; the others try again each interval and take over within one
+interval of the holder's connection ending (a stop, a crash, a lost network: the server releases
+a session lock when the session ends). A worker that does not hold the lock exposes no depth
+gauges, so summing a gauge over every scraped worker counts each queue once.
+
+A sample is one read (:func:`sqla_jobs.sql.statements.sample_queues`), which never reads the jobs
+scheduled for later: it stays cheap with millions of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+
+from sqla_jobs.db.connections import CONNECTION_ERRORS, ConnectionThread, Connector
+from sqla_jobs.sql import statements
+from sqla_jobs.sql.compiled import compile_statement
+
+log = logging.getLogger("sqla_jobs.worker")
+
+#: A sample's rows: (queue, state, jobs, oldest due age in seconds or None).
+Rows = list[tuple[Any, ...]]
+
+
+class Sampler(ConnectionThread):
+    """Every ``interval`` seconds: if this worker holds (or wins) the sampler's lock of the queue
+    table in ``schema``, sample the queues and hand the rows to ``on_sample``; else hand it None
+    (this worker shows no depth)."""
+
+    def __init__(
+        self,
+        *,
+        connector: Connector,
+        schema: str | None,
+        interval: float,
+        on_sample: Callable[[Rows | None], None],
+    ) -> None:
+        super().__init__(connector, "sampler", what="sampler connection", event="sampler_conn_lost")
+        self._try_lock = compile_statement(statements.try_lock_sampler(), schema)
+        self._sample = compile_statement(statements.sample_queues(), schema)
+        self._schema = schema
+        self._interval = interval
+        self._on_sample = on_sample
+        #: This worker's connection holds the lock: it is the sampler.
+        self.elected = False
+        self.samples = 0
+
+    def step(self) -> float:
+        try:
+            self.sample_once()
+        except CONNECTION_ERRORS:
+            raise
+        except psycopg.Error as exc:
+            # A statement timeout, a refused read: this interval shows nothing, the next tries.
+            self._on_sample(None)
+            log.warning(
+                "sampling the queues failed, next try in %gs: %s: %s",
+                self._interval,
+                type(exc).__name__,
+                str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+                extra={"event": "sample_failed"},
+            )
+        return self._interval
+
+    def sample_once(self) -> Rows | None:
+        """One interval's work: the rows sampled, or None if another worker is the sampler."""
+        conn = self.connection()
+        if not self.elected:
+            params = self._try_lock.params(schema_name=self._schema)
+            found = conn.execute(self._try_lock.sql, params).fetchone()
+            self.elected = bool(found and found[0])
+            if self.elected:
+                log.info(
+                    "worker %s samples the queues for the metrics",
+                    self._connector.worker,
+                    extra={"event": "sampler_elected"},
+                )
+        if self.elected:
+            rows: Rows = conn.execute(self._sample.sql, self._sample.params()).fetchall()
+            self.samples += 1
+            self._on_sample(rows)
+            return rows
+        self._on_sample(None)
+        return None
+
+    def _close(self) -> None:
+        # The lock goes with the session: whatever was sampled is no longer this worker's to show.
+        self.elected = False
+        self._on_sample(None)
+        super()._close()

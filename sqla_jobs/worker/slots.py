@@ -1,0 +1,323 @@
+"""The slots that run handlers: up to ``concurrency`` tasks, each running buffered jobs one after
+another; async handlers on the event loop, sync handlers on runner threads.
+
+Timeouts. An async handler past its kind's timeout is cancelled and the run fails. A sync handler
+cannot be interrupted (Python threads cannot be killed), so its job stays ``running``, its lease
+renewed and its slot taken, until the thread really returns; only then does the run fail as timed
+out. Its retry, and the next job of its concurrency key, can therefore never start while it still
+runs. A sync handler still running ``stuck_grace`` seconds past its timeout is stuck: the worker
+stops claiming and exits (code 3) so that a supervisor restarts it, and the job, never given back,
+is reaped once the process is gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from sqla_jobs._outcome import (
+    HandlerTimeout,
+    Outcome,
+    cancelled,
+    describe,
+    failed,
+    resolve,
+    snoozed,
+)
+from sqla_jobs.context import ClaimedJob, JobContext, Recorder, Snooze
+from sqla_jobs.errors import LeaseLostError
+from sqla_jobs.hooks import run_middleware
+from sqla_jobs.jobs import Jobs
+from sqla_jobs.kinds import Kind
+from sqla_jobs.observe.runs import Observer
+from sqla_jobs.worker.holdings import Holdings
+from sqla_jobs.worker.overruns import Overruns
+from sqla_jobs.worker.prefetch import Prefetch
+from sqla_jobs.worker.session_runs import SessionRuns
+from sqla_jobs.worker.threads import SyncRunners
+from sqla_jobs.worker.wakeups import Wakeups
+
+log = logging.getLogger("sqla_jobs.worker")
+
+#: A slot yields to the event loop at least once per this many jobs.
+_YIELD_EVERY = 16
+#: The message of a slot task's cancellation that an operator's cancel of its job caused (any
+#: other is the shutdown's).
+_CANCEL = "sqla-jobs: job cancelled by an operator"
+
+
+class Slots:
+    """Runs the buffered jobs of ``holdings`` on at most ``concurrency`` slot tasks."""
+
+    def __init__(
+        self,
+        *,
+        jobs: Jobs,
+        worker: str,
+        concurrency: int,
+        holdings: Holdings,
+        prefetch: Prefetch,
+        wakeups: Wakeups,
+        recorder: Recorder,
+        lanes: int,
+        stuck_grace: float,
+        on_stuck: Callable[[ClaimedJob], None],
+        sessions: SessionRuns | None = None,
+        committed: Callable[[Outcome], None] | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        self._jobs = jobs
+        self._worker = worker
+        self._concurrency = concurrency
+        self._holdings = holdings
+        self._prefetch = prefetch
+        self._wakeups = wakeups
+        self._recorder = recorder
+        self._lanes = lanes
+        self._stuck_grace = stuck_grace
+        self._on_stuck = on_stuck
+        self._sessions = sessions
+        self._committed = committed
+        self._observer = observer
+        #: Whether a job's end gives the fetch loop something to do (set by the worker: the fetch
+        #: loop is built after the slots).
+        self.loop_has_work: Callable[[], bool] = lambda: True
+        #: The slot tasks alive; also the only strong references to them (the loop keeps weak).
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._turn = 0
+        #: inspect.iscoroutinefunction per handler, computed once (it costs ~1.5 us per call).
+        self._is_async: dict[Any, bool] = {}
+        self._runners: SyncRunners | None = None
+        self._overrun = Overruns(holdings, stuck_grace, on_stuck)
+
+    def fill(self) -> None:
+        """Give the buffered jobs to free slots. One task per slot rather than per job: creating
+        and scheduling a task costs more than running a short job."""
+        idle = min(self._concurrency - len(self.tasks), len(self._holdings.buffer))
+        if self._wakeups.stopping or idle <= 0:
+            return
+        for _ in range(idle):
+            self._turn += 1
+            task = asyncio.create_task(self._slot(), name=f"sqla-jobs-slot-{self._turn}")
+            self.tasks.add(task)
+
+    def close(self) -> None:
+        """Let the runner threads exit once their current call returns."""
+        if self._runners is not None:
+            self._runners.close()
+
+    async def _slot(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        holdings, wakeups = self._holdings, self._wakeups
+        buffer, running = holdings.buffer, holdings.running
+        ran = 0
+        try:
+            while buffer and not wakeups.stopping:
+                job = buffer.popleft()
+                if job.id in running:
+                    holdings.defer(job)  # claimed again while its older run runs here
+                    continue
+                holdings.buffered_at = time.monotonic()
+                await self.run(job, task)
+                ran += 1
+                # Handlers that never await would hold the loop for the whole buffer: yield when
+                # the fetch loop has a round trip to start, and every few jobs (which also lets a
+                # round trip's result in). Not after every job: each yield is a turn of the loop.
+                if (
+                    wakeups.event.is_set() and wakeups.in_flight < self._lanes
+                ) or ran % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+        finally:
+            self.tasks.discard(task)
+
+    async def run(self, job: ClaimedJob, task: asyncio.Task[Any] | None) -> None:
+        """Run one job to its outcome (left in the holdings for the fetch loop to write)."""
+        resolved = resolve(self._jobs, job)
+        ready = resolved.__class__ is tuple
+        timeout = resolved[0].options.timeout if ready else None  # type: ignore[index]
+        ctx = JobContext.for_job(job, self._worker, self._recorder, timeout)
+        self._holdings.running[job.id] = (job, ctx, task)
+        started = time.monotonic()
+        observer = self._observer
+        if observer is not None:
+            observer.started(job, started)
+        outcome: Outcome | None = None
+        error: BaseException | None = None
+        hooks = self._jobs.hooks
+        try:
+            if not ready:
+                outcome = resolved  # type: ignore[assignment]
+            else:
+                kind, args = resolved  # type: ignore[misc]
+                try:
+                    if hooks.middlewares:
+                        # Hook call site: the chain around the call; skipped (one test) without.
+                        ctx._read_meta(job)
+                        call = functools.partial(self._call, kind, args, job, ctx, True)
+                        await run_middleware(hooks.middlewares, ctx, call)
+                    else:
+                        await self._call(kind, args, job, ctx)
+                    outcome = Outcome(job, committed=kind.wants_session)
+                except asyncio.CancelledError as exc:
+                    if exc.args != (_CANCEL,):
+                        raise  # at the shutdown timeout: no outcome; the job is given back
+                    error = exc
+                    outcome = cancelled(job, "the handler was cancelled")
+                    uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+                    if uncancel is not None:
+                        uncancel()
+                except Snooze as exc:
+                    error = exc
+                    outcome = snoozed(job, exc)
+                except LeaseLostError as exc:
+                    error = exc
+                    if kind.wants_session:
+                        # Its transaction rolled back: the job belongs to its new owner.
+                        log.warning("%s", exc, extra={"event": "lease_lost", "job_id": job.id})
+                    else:
+                        outcome = failed(job, kind, exc)
+                except Exception as exc:
+                    error = exc
+                    if job.id in self._holdings.cancelling:
+                        outcome = cancelled(job, f"the handler stopped: {describe(exc)}")
+                    else:
+                        outcome = failed(job, kind, exc)
+        finally:
+            now = time.monotonic()
+            self._prefetch.observe(now - started)
+            if outcome is not None:
+                outcome.runtime = now - started
+            if outcome is not None and outcome.committed:
+                self._holdings.end(job, None, now)
+                assert self._committed is not None
+                self._committed(outcome)
+            else:
+                self._holdings.end(job, outcome, now)
+            wakeups = self._wakeups
+            if job.concurrency_key is not None:
+                # Its key has room again: look for the key's next job without waiting for a poll.
+                wakeups.undrain()
+            if wakeups.stopping or self.loop_has_work():
+                wakeups.event.set()
+            if outcome is not None and hooks.outcome_hooks:
+                hooks._report(outcome, error)  # hook call site; never raises
+            if outcome is not None and observer is not None:
+                observer.ended(outcome, True)
+
+    def cancel(self, ids: Iterable[int]) -> None:
+        """An operator asked to cancel the jobs ``ids``: each one this worker runs is told
+        (``ctx.cancelled``), an async one's handler is cancelled at once; each one it holds but
+        has not started ends ``cancelled`` without running."""
+        holdings = self._holdings
+        for job_id in ids:
+            running = holdings.running.get(job_id)
+            if running is None or job_id in holdings.cancelling:
+                continue
+            job, ctx, task = running
+            holdings.cancelling.add(job_id)
+            ctx.cancelled.set()
+            kind = self._jobs.kind_named(job.kind)
+            if task is not None and kind is not None and self._is_async.get(kind.handler):
+                task.cancel(_CANCEL)
+        hooks = self._jobs.hooks
+        for job in holdings.cancel_unstarted(ids):
+            outcome = cancelled(job, "cancelled before it started")
+            holdings.finish(outcome, time.monotonic())
+            if hooks.outcome_hooks:
+                hooks._report(outcome, None)  # hook call site; never raises
+            if self._observer is not None:
+                self._observer.ended(outcome, False)
+        self._wakeups.event.set()
+
+    async def _call(
+        self, kind: Kind, args: Any, job: ClaimedJob, ctx: JobContext, wrapped: bool = False
+    ) -> None:
+        """Run the handler (``wrapped``: inside middleware, whose context variables a sync
+        handler's thread then gets too)."""
+        handler = kind.handler
+        assert handler is not None
+        is_async = self._is_async.get(handler)
+        if is_async is None:
+            is_async = self._is_async[handler] = inspect.iscoroutinefunction(handler)
+        timeout = kind.options.timeout
+        if kind.wants_session:
+            await self._session_call(kind, args, job, ctx, is_async, wrapped)
+            return
+        if is_async:
+            call: Any = handler(args, ctx)
+            if timeout is None:
+                result = await call
+            else:
+                try:
+                    result = await asyncio.wait_for(call, timeout)
+                except asyncio.TimeoutError:  # not the built-in TimeoutError before 3.11
+                    raise HandlerTimeout(f"timed out after {timeout:g}s") from None
+        else:
+            runners = self._sync_runners()
+            if wrapped:
+                future = runners.submit(contextvars.copy_context().run, handler, args, ctx)
+            else:
+                future = runners.submit(handler, args, ctx)
+            try:
+                result = await self._overrun.result(future, timeout, job, ctx)
+            finally:
+                future.cancel()  # cancelled at shutdown: the runner drops the result
+        if result is not None and inspect.isawaitable(result):
+            await result
+
+    async def _session_call(
+        self,
+        kind: Kind,
+        args: Any,
+        job: ClaimedJob,
+        ctx: JobContext,
+        is_async: bool,
+        wrapped: bool,
+    ) -> None:
+        """Run a handler that takes a Session, with its job's completion in its transaction."""
+        sessions = self._sessions
+        assert sessions is not None
+        ctx.in_session = True  # ctx.step refuses: a step would outlive writes rolled back
+        timeout = kind.options.timeout
+        watch = sessions.watch(job)
+        try:
+            if is_async:
+                call = sessions.async_call(kind, args, ctx, job)
+                if timeout is None:
+                    await call
+                    return
+                try:
+                    await asyncio.wait_for(call, timeout)
+                except asyncio.TimeoutError:
+                    raise HandlerTimeout(f"timed out after {timeout:g}s") from None
+                return
+            run = sessions.sync_call(kind, args, ctx, job)
+            runners = self._sync_runners()
+            if wrapped:
+                future = runners.submit(contextvars.copy_context().run, run)
+            else:
+                future = runners.submit(run)
+            try:
+                await self._overrun.result(future, timeout, job, ctx)
+            except HandlerTimeout:
+                # Returned past the timeout, but before its deadline check: it committed.
+                if not (future.done() and not future.cancelled() and future.exception() is None):
+                    raise
+            finally:
+                future.cancel()
+        finally:
+            watch.cancel()
+
+    def _sync_runners(self) -> SyncRunners:
+        if self._runners is None:
+            self._runners = SyncRunners(
+                asyncio.get_running_loop(), self._concurrency, "sqla-jobs-handler"
+            )
+        return self._runners
