@@ -20,6 +20,8 @@ from typing import Any
 from docutils import nodes
 from docutils.parsers.rst import Directive, directives
 from sphinx.application import Sphinx
+from sphinx.errors import PycodeError
+from sphinx.pycode import ModuleAnalyzer
 from sphinx.util import logging as sphinx_logging
 from sphinx.util.nodes import split_explicit_title
 
@@ -44,6 +46,16 @@ root_doc = "index"
 exclude_patterns = ["_build", "README.md"]
 
 # -- strictness --------------------------------------------------------------------------------
+# -- strictness --------------------------------------------------------------------------------
+#: The modules inside the package's subpackages (``sqla_jobs.worker.pruner``): private, whatever
+#: their names, as docs/architecture.md says. A subpackage's own name (``sqla_jobs.worker``,
+#: ``sqla_jobs.testing``) is not among them: what it exports is public.
+PRIVATE_MODULES = sorted(
+    ".".join(path.relative_to(ROOT).with_suffix("").parts)
+    for path in (ROOT / "sqla_jobs").glob("*/**/*.py")
+    if path.name != "__init__.py" and "versions" not in path.parts
+)
+
 # Every cross-reference must resolve (sphinx-build -n). The exceptions are listed here, each for
 # a reason; anything else unresolved fails the build.
 nitpicky = True
@@ -64,9 +76,11 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(datetime|timedelta|Awaitable|Callable|Mapping|Sequence|Iterable|Iterator)"),
     # Type variables (``T`` in ``step(...) -> T``, the payload model ``M``) have no page.
     (r"py:class", r"(sqla_jobs\.[a-z_.]+\.)?[A-Z](_contra)?"),
-    # Private modules (``sqla_jobs.worker.pruner``) are named in docstrings for readers of the code;
-    # the reference documents the public names only, so they stay text.
+    # Private modules are named in docstrings for readers of the code; the reference documents
+    # the public names only, so they stay text: those whose name starts with ``_``, and every
+    # module inside a subpackage (``sqla_jobs.worker.pruner``; :data:`PRIVATE_MODULES`).
     (r"py:.*", r"(~?sqla_jobs\.)?_[a-z_]+(\..*)?"),
+    (r"py:.*", r"~?(" + "|".join(re.escape(m) for m in PRIVATE_MODULES) + r")(\..*)?"),
 ]
 
 # -- MyST ------------------------------------------------------------------------------------
@@ -230,14 +244,52 @@ def _run_type_checking_block(name: str) -> None:
         if not (isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")):
             continue
         for stmt in node.body:
+            # What it imports from the package may itself be defined under TYPE_CHECKING there.
             if isinstance(stmt, ast.ImportFrom) and stmt.level:
-                # What it imports from a sibling may itself be defined under TYPE_CHECKING.
                 base = name.rsplit(".", stmt.level)[0]
                 _run_type_checking_block(f"{base}.{stmt.module}" if stmt.module else base)
+            elif isinstance(stmt, ast.ImportFrom) and (stmt.module or "").startswith("sqla_jobs"):
+                _run_type_checking_block(stmt.module or "")
             scratch = dict(vars(module))
             exec(compile(ast.Module([stmt], []), module.__file__, "exec"), scratch)
             for key, value in scratch.items():
                 vars(module).setdefault(key, value)
+
+
+def document_reexported_data(
+    app: Sphinx, what: str, name: str, obj: Any, options: Any, lines: list[str]
+) -> None:
+    """Data a public module re-exports (``sqla_jobs.worker.EXIT_STUCK`` is defined in
+    ``sqla_jobs.worker.facade``) is documented by the ``#:`` comment where it is defined: autodoc
+    looks for one only in the module it documents, and shows the value's type's docstring (int's,
+    tuple's) when it finds none. Data with no comment anywhere gets no text rather than that."""
+    if what != "data" or not name.startswith("sqla_jobs."):
+        return
+    module, _, attr = name.rpartition(".")
+    comment = _data_comment(module, attr)
+    if comment is not None:
+        lines[:] = comment
+    elif lines and obj.__doc__ is not None and obj.__doc__ == type(obj).__doc__:
+        lines[:] = []
+
+
+def _data_comment(module: str, attr: str) -> list[str] | None:
+    """The ``#:`` comment of ``module.attr``, followed through ``from ... import`` to where it is
+    assigned; None if there is none."""
+    try:
+        analyzer = ModuleAnalyzer.for_module(module)
+        docs = analyzer.find_attr_docs()
+    except PycodeError:
+        return None
+    if ("", attr) in docs:
+        return list(docs["", attr])
+    # The package imports absolutely (``from sqla_jobs.observe.tracing import SYSTEM``).
+    for node in ast.parse(analyzer.code).body:
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqla_jobs"):
+            for alias in node.names:
+                if (alias.asname or alias.name) == attr:
+                    return _data_comment(node.module or "", alias.name)
+    return None
 
 
 #: The public modules whose ``__all__`` the reference must cover, besides the package itself.
@@ -272,6 +324,7 @@ def check_public_names(app: Sphinx, env: Any) -> None:
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("env-check-consistency", check_public_names)
     app.connect("autodoc-before-process-signature", resolve_type_checking_imports)
+    app.connect("autodoc-process-docstring", document_reexported_data)
     app.add_role("repo", repo_role)
     app.add_directive("cli-help", CliHelp)
     app.connect("missing-reference", resolve_reexports)
