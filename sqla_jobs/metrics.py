@@ -10,9 +10,10 @@ elected across all machines) samples the queues' depth::
     Worker(jobs, url, metrics=Metrics(registry=REGISTRY))      # in your own registry, served by you
 
 ``sqla-jobs worker ... --metrics-port 9100`` does the first. Only this module (and the private
-ones it imports: ``_collectors``, ``_metrics_http``) imports prometheus_client: a worker without
-metrics never loads it, and pays one ``is None`` test per job start and end. Labels are the kind, the queue, the outcome and the state: never a job's
-id, payload or error text.
+ones behind it in ``sqla_jobs/observe/``: ``metrics``, ``collectors``, ``metrics_http``) imports
+prometheus_client: a worker without metrics never loads it, and pays one ``is None`` test per job
+start and end. Labels are the kind, the queue, the outcome and the state: never a job's id,
+payload or error text.
 """
 
 from __future__ import annotations

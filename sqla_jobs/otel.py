@@ -17,8 +17,9 @@ whether its transaction commits, so a ``send`` span would have no duration and w
 jobs a rollback discarded; the enqueuing span itself (the request's) is the creation context, and
 the INSERT is already a span of the application's database instrumentation, under it.
 
-Only this module imports opentelemetry, and only its API (the ``otel`` extra): the application
-installs and configures the SDK and its exporters. ``import sqla_jobs`` never imports it.
+Only this module (and the private one behind it, ``sqla_jobs/observe/tracing.py``) imports
+opentelemetry, and only its API (the ``otel`` extra): the application installs and configures the
+SDK and its exporters. ``import sqla_jobs`` never imports it.
 """
 
 from __future__ import annotations
