@@ -1,7 +1,7 @@
 """What every ``sqla-jobs`` command shares: the one-line error, the exit codes, the database URL,
 and the checks a command runs before it touches the queue table.
 
-A module of its own so that the command modules (``_cli_ops``, ``_cli_listings``) and ``cli`` all
+A module of its own so that the command modules (``ops``, ``listings``) and ``entry`` all
 import downward from here, never from each other.
 """
 
