@@ -1,5 +1,4 @@
-"""What the pages read, through the listings the CLI uses (``sqla_jobs.cli.listings``,
-``sqla_jobs.observe.stats``) and the statements of ``sqla_jobs.sql.statements``: no SQL of the dashboard's
+"""What the pages read, through the queue statistics the CLI prints (``sqla_jobs.observe.stats``) and the statements of ``sqla_jobs.sql.statements``: no SQL of the dashboard's
 own. Every read is a plain SELECT that locks nothing, so a dashboard left open never gets in a
 worker's way."""
 

@@ -6,7 +6,7 @@ cannot be interrupted (Python threads cannot be killed), so its job stays ``runn
 renewed and its slot taken, until the thread really returns; only then does the run fail as timed
 out. Its retry, and the next job of its concurrency key, can therefore never start while it still
 runs. A sync handler still running ``stuck_grace`` seconds past its timeout is stuck: the worker
-stops claiming and exits (code 3) so that a supervisor restarts it, and the job, never given back,
+stops claiming and exits (code 5, ``EXIT_STUCK``) so that a supervisor restarts it, and the job, never given back,
 is reaped once the process is gone.
 """
 
