@@ -118,7 +118,9 @@ def enqueue(demo: Demo) -> None:
     )
     c.explain(
         "The job exists if and only if the business row does: no dual write, no outbox. The "
-        "wake-up NOTIFY is sent by Postgres only at commit."
+        "wake-up NOTIFY is sent just after the commit, by the library's notifier on a "
+        "connection of its own: a rolled-back job wakes no one, and the commit never waits "
+        "for it."
     )
     c.say()
     c.say(render(collect(demo.url, schema=demo.schema)))

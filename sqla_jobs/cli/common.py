@@ -169,6 +169,16 @@ def load_object(target: str) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise CLIError(f"cannot import module {module_name!r}: {exc}") from None
+    except Exception as exc:
+        # The application's own import failed (a missing setting, a bad config): one line, as for
+        # every other bad target; the traceback is the user's to ask for.
+        if os.environ.get("SQLA_JOBS_DEBUG") == "1":
+            raise CLIError(f"importing module {module_name!r} failed") from exc
+        first = (str(exc).strip().splitlines() or ["(no message)"])[0]
+        raise CLIError(
+            f"importing module {module_name!r} raised {type(exc).__name__}: {first} "
+            "(SQLA_JOBS_DEBUG=1 shows the traceback)"
+        ) from None
     obj: Any = module
     for part in attr.split("."):
         try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import TypeVar
 
@@ -306,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sqla-jobs: {exc.fix}", file=sys.stderr)
         return EXIT_NOT_MIGRATED
     except CLIError as exc:
+        if exc.__cause__ is not None and os.environ.get("SQLA_JOBS_DEBUG") == "1":
+            traceback.print_exception(exc.__cause__)
         print(f"sqla-jobs: error: {exc}", file=sys.stderr)
         return exc.code
     except (JobNotFoundError, JobStateError, ScheduleNotFoundError, UniqueKeyTakenError) as exc:

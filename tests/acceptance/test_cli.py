@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from sqlalchemy import Engine, text
 
-from tests.acceptance._processes import run_cli
+from tests.acceptance._processes import REPO, cli_env, run_cli
 
 #: Port 1 on localhost: nothing listens, so connecting fails at once.
 UNREACHABLE = "postgresql://postgres:hunter2@127.0.0.1:1/x"
@@ -24,10 +27,15 @@ def assert_one_line_error(stderr: str, *fragments: str) -> None:
     [
         ("tests.acceptance.app:nope", "module 'tests.acceptance.app' has no attribute 'nope'"),
         ("tests.acceptance.no_such_module:jobs", "cannot import module"),
+        (
+            "tests.acceptance.raising_app:jobs",
+            "importing module 'tests.acceptance.raising_app' raised RuntimeError: "
+            "settings are missing SECRET_KEY",
+        ),
         ("tests.acceptance.app", "expected MODULE:ATTR"),
         ("tests.acceptance.app:Work", "not a sqla_jobs.Jobs"),
     ],
-    ids=["no-attribute", "no-module", "no-colon", "not-jobs"],
+    ids=["no-attribute", "no-module", "import-raises", "no-colon", "not-jobs"],
 )
 def test_worker_with_a_bad_target_exits_2_with_a_one_line_error(
     migrated_url: str, target: str, fragment: str
@@ -35,6 +43,22 @@ def test_worker_with_a_bad_target_exits_2_with_a_one_line_error(
     result = run_cli("worker", target, database_url=migrated_url)
     assert result.returncode == 2
     assert_one_line_error(result.stderr, fragment)
+
+
+def test_a_target_whose_import_raises_shows_its_traceback_under_sqla_jobs_debug(
+    migrated_url: str,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sqla_jobs.cli", "worker", "tests.acceptance.raising_app:jobs"],
+        cwd=REPO,
+        env={**cli_env(migrated_url), "SQLA_JOBS_DEBUG": "1"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "Traceback (most recent call last)" in result.stderr
+    assert "RuntimeError: settings are missing SECRET_KEY" in result.stderr
 
 
 @pytest.mark.parametrize("command", ["worker", "stats"])

@@ -50,6 +50,10 @@ def test_demo_runs_every_step_on_its_own_database_and_drops_it(server_url: str) 
     _search(r"inside the transaction: .* another connection sees 0 jobs$", out)
     _search(r"^ *committed: another connection now sees 20 pending jobs", out)
     _search(r"rolled back -> 0 invoice, 0 job left$", out)
+    # The default wakeup (after_commit) is the library's NOTIFY after the commit, not Postgres's.
+    said = " ".join(out.split())
+    assert "NOTIFY is sent just after the commit, by the library's notifier" in said, out
+    assert "sent by Postgres only at commit" not in said
     # 4: one claim fills the 4 slots, and nobody waits on a lock.
     # (A finished job's row may stay 'running' a few ms after its slot took the next job.)
     _search(r"db: [4-8] jobs running at once, 0 connections waiting on a lock$", out)
