@@ -19,6 +19,8 @@ PROGRAMS = {
     "alembic": [sys.executable, "-m", "alembic"],
     "sqla-jobs": [sys.executable, "-m", "sqla_jobs.cli"],
     "python": [sys.executable],
+    # The console script, not ``python -m pytest``: it does not put the directory on sys.path.
+    "pytest": [str(Path(sys.executable).with_name("pytest"))],
 }
 
 

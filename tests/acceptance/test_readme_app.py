@@ -9,7 +9,10 @@ package's plugin, on the same database.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from sqla_jobs.db.urls import sqlalchemy_url
 from tests import _readme
@@ -22,6 +25,7 @@ from tests.acceptance._first_run import (
     write_files,
 )
 from tests.acceptance._processes import cli_env
+from tests.conftest import create_database, drop_database
 
 SECTION = _readme.section(_readme.FIVE_MINUTES)
 
@@ -43,8 +47,18 @@ def apply_ini(ini: Path, lines: str, url: str) -> None:
     ini.write_text(source)
 
 
+@pytest.fixture
+def test_database_url(server_url: str) -> Iterator[str]:
+    """The application's own empty test database, beside its database (empty_url)."""
+    url = create_database(server_url, prefix="sqla_jobs_first_run_test")
+    try:
+        yield url
+    finally:
+        drop_database(server_url, url)
+
+
 def test_the_five_minute_application_runs_a_job_as_the_readme_shows(
-    tmp_path: Path, empty_url: str
+    tmp_path: Path, empty_url: str, test_database_url: str
 ) -> None:
     url = sqlalchemy_url(empty_url)
     assert url.startswith("postgresql+psycopg://")
@@ -90,14 +104,31 @@ def test_the_five_minute_application_runs_a_job_as_the_readme_shows(
     # Its row was deleted, as the README says.
     assert "(no jobs)" in run(["sqla-jobs", "jobs", "list"], tmp_path, env)
 
-    # The README's test of the application, with the plugin, on the database just migrated.
-    ((path, source),) = _readme.files(_readme.section("Testing your handlers")).items()
+    # The README's test of the application, as its "Testing your handlers" says: env.py takes
+    # DATABASE_URL, pytest finds myapp through pyproject.toml, on an empty test database of its own.
+    testing = _readme.section("Testing your handlers")
+    ((path, source),) = _readme.files(testing).items()
     write_files({path: source}, tmp_path)
-    tested = run(
-        ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", path],
-        tmp_path,
-        {**env, "PYTHONPATH": str(tmp_path)},
+    env_lines = next(b for b in _readme.blocks(testing, "python") if "set_main_option" in b)
+    assert "after `config = context.config`" in testing
+    assert env_py.read_text().count("config = context.config\n") == 1
+    env_py.write_text(
+        env_py.read_text().replace(
+            "config = context.config\n", f"config = context.config\n{env_lines}"
+        )
     )
+    (toml,) = _readme.blocks(testing, "toml")
+    assert "in `pyproject.toml`" in testing
+    (tmp_path / "pyproject.toml").write_text(toml)
+    test_env = dict(env)
+    export, *steps = _readme.commands(testing)
+    assert export[0] == "export"
+    name, value = export[1].split("=", 1)
+    assert value == PLACEHOLDER + "_test"
+    test_env[name] = sqlalchemy_url(test_database_url)
+    assert steps == [("alembic", "upgrade", "heads"), ("pytest",)]
+    run(list(steps[0]), tmp_path, test_env)
+    tested = run(list(steps[1]), tmp_path, test_env)
     assert "1 passed" in tested, tested
     # The test's transaction was rolled back: its order and job are gone.
-    assert "(no jobs)" in run(["sqla-jobs", "jobs", "list"], tmp_path, env)
+    assert "(no jobs)" in run(["sqla-jobs", "jobs", "list"], tmp_path, test_env)

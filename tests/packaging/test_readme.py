@@ -10,6 +10,8 @@ import contextlib
 import io
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,6 +60,50 @@ def test_the_five_minute_alembic_edits_are_the_migrations_guides() -> None:
             assert line in guide_ini.splitlines(), f"docs/migrations.md does not set {line!r}"
     env = next(b for b in _readme.blocks(section, "python") if "target_metadata" in b)
     assert env in _readme.blocks(GUIDE, "python")
+
+
+def test_the_alembic_step_says_which_ini_lines_alembic_init_wrote_and_which_to_add(
+    tmp_path: Path,
+) -> None:
+    """Added after ``alembic init``'s own, a setting it already wrote fails every command with
+    DuplicateOptionError: the text names the lines to replace, and the ones to add."""
+    section = _readme.section(_readme.FIVE_MINUTES)
+    (ini,) = _readme.blocks(section, "ini")
+    said = " ".join(section.split("```ini", 1)[0].strip().rsplit("\n\n", 1)[-1].split())
+    replace, _, add = said.partition(" and add ")
+    assert add, f"the step says nothing to add: {said!r}"
+    done = subprocess.run(
+        [sys.executable, "-m", "alembic", "init", "migrations"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.returncode == 0
+    written = (tmp_path / "alembic.ini").read_text()
+    for line in ini.splitlines():
+        key = line.split("=", 1)[0].strip()
+        if re.search(rf"^{re.escape(key)} *=", written, flags=re.MULTILINE):
+            assert f"`{key}`" in replace and "replace" in replace, (key, said)
+        else:
+            assert f"`{key}`" in add and f"`{key}`" not in replace, (key, said)
+
+
+def test_the_install_section_gives_the_git_and_checkout_forms() -> None:
+    install = _readme.commands(_readme.section("Install"))
+    assert ("pip", "install", "sqla-jobs") in install
+    assert ("pip", "install", "-e", ".") in install
+    git = [c for c in install if c[:2] == ("pip", "install") and "git+https://" in c[-1]]
+    assert git == [("pip", "install", "sqla-jobs @ git+https://github.com/sqla-jobs/sqla-jobs")]
+
+
+def test_the_readmes_commands_use_the_five_minute_applications_schema() -> None:
+    """The five-minute application keeps sqla-jobs in its own (public) schema: a command shown
+    with ``--schema`` would fail for it."""
+    parser = build_parser()
+    for command in [c for c in _readme.commands(_readme.text()) if c[0] == "sqla-jobs"]:
+        args = parser.parse_args(list(command[1:]))
+        assert getattr(args, "schema", None) is None, shlex.join(command)
 
 
 def test_every_sqla_jobs_command_of_the_readme_is_one_the_cli_accepts() -> None:
