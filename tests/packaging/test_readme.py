@@ -84,9 +84,11 @@ def test_the_alembic_step_says_which_ini_lines_alembic_init_wrote_and_which_to_a
     for line in ini.splitlines():
         key = line.split("=", 1)[0].strip()
         if re.search(rf"^{re.escape(key)} *=", written, flags=re.MULTILINE):
-            assert f"`{key}`" in replace and "replace" in replace, (key, said)
+            assert "replace" in replace, said
+            assert f"`{key}`" in replace, (key, said)
         else:
-            assert f"`{key}`" in add and f"`{key}`" not in replace, (key, said)
+            assert f"`{key}`" in add, (key, said)
+            assert f"`{key}`" not in replace, (key, said)
 
 
 def test_the_install_section_gives_the_git_and_checkout_forms() -> None:
