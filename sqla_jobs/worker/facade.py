@@ -304,7 +304,9 @@ class Worker:
             # First the listener: a claim its thread has in flight is delivered before the
             # shutdown gives back what was never started.
             await stop_thread(self.listener)
-            await shutdown(self.lanes, self.holdings, self.config.shutdown_timeout)
+            await shutdown(
+                self.lanes, self.holdings, self.config.shutdown_timeout, self._slots.busy_threads
+            )
         except Exception:
             # Logged here, with its traceback: the CLI reports it in one line.
             log.exception("worker %s crashed", self.name, extra={"event": "crashed"})
@@ -323,7 +325,12 @@ class Worker:
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
-        log.info("worker %s stopped: %s", self.name, self.counts, extra={"event": "stopped"})
+        log.info(
+            "worker %s stopped: %s",
+            self.name,
+            " ".join(f"{key}={value}" for key, value in self.counts.items()),
+            extra={"event": "stopped"},
+        )
         return self._exit_code
 
     def _build(self, wakeups: Wakeups) -> FetchLoop:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -244,10 +245,16 @@ class Lanes:
         return self._holdings.take(rows, time.monotonic())
 
     async def release(
-        self, jobs: list[ClaimedJob], lane: Lane | None = None, *, interrupted: bool = False
+        self,
+        jobs: list[ClaimedJob],
+        lane: Lane | None = None,
+        *,
+        interrupted: bool = False,
+        level: int = logging.INFO,
     ) -> None:
         """Give claimed jobs back (on ``lane``, default the first): pending again, the claim's
-        attempt undone, not a failure; ``interrupted``: their handlers had started."""
+        attempt undone, not a failure; ``interrupted``: their handlers had started. The log line
+        at ``level`` names the jobs."""
         if not jobs:
             return
         conn = await self.connection(lane or self.lanes[0])
@@ -256,10 +263,25 @@ class Lanes:
             self._sql.release.sql,
             self._sql.release.params(interrupted=interrupted, **held_params(pairs)),
         )
-        released = len(await cur.fetchall())
-        self._counts["released"] += released
-        log.info(
-            "released %d claimed jobs back to the queue",
-            released,
+        released = [row[0] for row in await cur.fetchall()]
+        self._counts["released"] += len(released)
+        plural = len(released) != 1
+        what = ("interrupted job" if interrupted else "claimed job") + ("s" if plural else "")
+        started = ""
+        if interrupted:
+            started = " (their handlers had started)" if plural else " (its handler had started)"
+        log.log(
+            level,
+            "released %d %s back to the queue%s: %s",
+            len(released),
+            what,
+            started,
+            some_ids(released),
             extra={"event": "released"},
         )
+
+
+def some_ids(ids: Sequence[object], shown: int = 10) -> str:
+    """``ids`` for a log line: the first ``shown`` of them, and how many more."""
+    listed = ", ".join(str(i) for i in ids[:shown])
+    return listed if len(ids) <= shown else f"{listed} and {len(ids) - shown} more"

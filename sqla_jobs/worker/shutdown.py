@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from sqla_jobs.db.connections import CONNECTION_ERRORS
 from sqla_jobs.worker.holdings import Holdings
-from sqla_jobs.worker.lanes import Lanes
+from sqla_jobs.worker.lanes import Lanes, some_ids
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -16,15 +17,21 @@ log = logging.getLogger("sqla_jobs.worker")
 _TRIES = 3
 
 
-async def shutdown(lanes: Lanes, holdings: Holdings, timeout: float) -> None:
+async def shutdown(
+    lanes: Lanes,
+    holdings: Holdings,
+    timeout: float,
+    busy_threads: Callable[[], list[tuple[str, int | None]]] = list,
+) -> None:
     """Stop a worker whose fetch loops have ended: unstarted jobs go back at once (for another
     worker), running handlers get ``timeout`` seconds, and those still running then are cancelled
     and given back (``interruptions`` counts them; neither budget is spent). A stuck sync
     handler's job is not given back: its thread may still act on it, so its lease runs out and
-    it is reaped once the process is gone."""
+    it is reaped once the process is gone. What goes back, and the sync handler threads left
+    running (``busy_threads``), are logged at WARNING by job id."""
     unstarted = holdings.unstarted()
     try:
-        await lanes.release(unstarted)
+        await lanes.release(unstarted, level=logging.WARNING)
         unstarted = []
     except CONNECTION_ERRORS:
         pass  # retried below with the rest
@@ -37,13 +44,22 @@ async def shutdown(lanes: Lanes, holdings: Holdings, timeout: float) -> None:
     for task in cancelled:
         task.cancel()
     await asyncio.gather(*cancelled, return_exceptions=True)
+    left = busy_threads()
+    if left:
+        log.warning(
+            "left %d sync handler thread%s running at exit (Python cannot stop a thread): %s",
+            len(left),
+            "" if len(left) == 1 else "s",
+            some_ids([f"{name} (job {job_id})" for name, job_id in left]),
+            extra={"event": "abandoned"},
+        )
     interrupted = [job for job, _, _ in running if job.id not in stuck]
     for attempt in range(_TRIES):
         try:
             await lanes.flush()
-            await lanes.release(unstarted)
+            await lanes.release(unstarted, level=logging.WARNING)
             unstarted = []
-            await lanes.release(interrupted, interrupted=True)
+            await lanes.release(interrupted, interrupted=True, level=logging.WARNING)
             return
         except CONNECTION_ERRORS as exc:
             log.warning("shutdown write failed (%s), retrying", exc, extra={"event": "conn_lost"})

@@ -262,9 +262,11 @@ class Slots:
         else:
             runners = self._sync_runners()
             if wrapped:
-                future = runners.submit(contextvars.copy_context().run, handler, args, ctx)
+                future = runners.submit(
+                    contextvars.copy_context().run, handler, args, ctx, job_id=job.id
+                )
             else:
-                future = runners.submit(handler, args, ctx)
+                future = runners.submit(handler, args, ctx, job_id=job.id)
             try:
                 result = await self._overrun.result(future, timeout, job, ctx)
             finally:
@@ -301,9 +303,9 @@ class Slots:
             run = sessions.sync_call(kind, args, ctx, job)
             runners = self._sync_runners()
             if wrapped:
-                future = runners.submit(contextvars.copy_context().run, run)
+                future = runners.submit(contextvars.copy_context().run, run, job_id=job.id)
             else:
-                future = runners.submit(run)
+                future = runners.submit(run, job_id=job.id)
             try:
                 await self._overrun.result(future, timeout, job, ctx)
             except HandlerTimeout:
@@ -314,6 +316,10 @@ class Slots:
                 future.cancel()
         finally:
             watch.cancel()
+
+    def busy_threads(self) -> list[tuple[str, int | None]]:
+        """The sync handler threads still running a handler, and their jobs."""
+        return [] if self._runners is None else self._runners.busy()
 
     def _sync_runners(self) -> SyncRunners:
         if self._runners is None:

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-_Item = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+_Item = tuple["asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...], "int | None"]
 _Done = tuple["asyncio.Future[Any]", Any, BaseException | None]
 
 
@@ -31,14 +31,26 @@ class SyncRunners:
         self._done: collections.deque[_Done] = collections.deque()
         self._signaled = False
         self._count = 0
+        #: The job id each runner is running (None: idle), by runner: what a shutdown left behind.
+        self._current: list[int | None] = []
         for _ in range(size):
             self._spawn()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
-        """Run ``fn(*args)`` on a runner; the future resolves on the loop."""
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, job_id: int | None = None
+    ) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` (for job ``job_id``) on a runner; the future resolves on the loop."""
         fut: asyncio.Future[Any] = self._loop.create_future()
-        self._queue.put((fut, fn, args))
+        self._queue.put((fut, fn, args, job_id))
         return fut
+
+    def busy(self) -> list[tuple[str, int | None]]:
+        """The runners still inside a call: each thread's name and the job it runs."""
+        return [
+            (f"{self._name}-{at + 1}", None if job_id == -1 else job_id)
+            for at, job_id in enumerate(self._current)
+            if job_id is not None
+        ]
 
     def close(self) -> None:
         """Ask every runner to exit once its current call returns."""
@@ -46,19 +58,26 @@ class SyncRunners:
             self._queue.put(None)
 
     def _spawn(self) -> None:
+        at = self._count
         self._count += 1
-        threading.Thread(target=self._run, name=f"{self._name}-{self._count}", daemon=True).start()
+        self._current.append(None)
+        threading.Thread(
+            target=self._run, args=(at,), name=f"{self._name}-{self._count}", daemon=True
+        ).start()
 
-    def _run(self) -> None:
+    def _run(self, at: int) -> None:
+        current = self._current
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            fut, fn, args = item
+            fut, fn, args, job_id = item
+            current[at] = -1 if job_id is None else job_id
             try:
                 done: _Done = (fut, fn(*args), None)
             except BaseException as exc:  # handed to the awaiting task, never lost
                 done = (fut, None, exc)
+            current[at] = None
             self._done.append(done)
             # Wake the loop only if it has no wakeup pending: it drains everything at once.
             if not self._signaled:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import re
 import threading
 import time
 from collections import Counter
@@ -719,8 +721,9 @@ def test_prefetched_jobs_that_cannot_start_within_a_second_go_back_to_the_queue(
 
 @pytest.mark.parametrize("style", ["async", "sync"])
 def test_a_handler_still_running_at_the_shutdown_timeout_is_released_not_failed(
-    clean: Engine, migrated_url: str, style: str
+    clean: Engine, migrated_url: str, style: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="sqla_jobs.worker")
     jobs = Jobs()
     runs = Runs()
     unblock = threading.Event()
@@ -751,6 +754,29 @@ def test_a_handler_still_running_at_the_shutdown_timeout_is_released_not_failed(
         assert row.last_error is None, "a release is not a failure"
         assert worker.counts["released"] == 1
         assert (worker.counts["done"], worker.counts["failed"]) == (0, 0)
+        # The operator is told which job went back, and which thread was left running.
+        released = [r for r in caplog.records if getattr(r, "event", None) == "released"]
+        assert [(r.levelname, r.getMessage()) for r in released] == [
+            (
+                "WARNING",
+                f"released 1 interrupted job back to the queue (its handler had started): {job_id}",
+            )
+        ]
+        abandoned = [r for r in caplog.records if getattr(r, "event", None) == "abandoned"]
+        if style == "sync":
+            (line,) = [(r.levelname, r.getMessage()) for r in abandoned]
+            assert line[0] == "WARNING"
+            assert re.fullmatch(
+                r"left 1 sync handler thread running at exit \(Python cannot stop a thread\): "
+                rf"sqla-jobs-handler-\d+ \(job {job_id}\)",
+                line[1],
+            ), line
+        else:
+            assert abandoned == []
+        (stopped,) = [r for r in caplog.records if getattr(r, "event", None) == "stopped"]
+        assert stopped.getMessage().endswith(
+            "stopped: claimed=1 done=0 failed=0 dead=0 released=1 snoozed=0 cancelled=0"
+        ), stopped.getMessage()
     finally:
         unblock.set()
 
