@@ -49,6 +49,8 @@ class Outcome:
     runtime: float = 0.0
     #: The completion was committed in the handler's own transaction: nothing left to write.
     committed: bool = False
+    #: An operator had asked to cancel the run, and its handler ran on to its end anyway.
+    cancel_ignored: bool = False
 
 
 def resolve(jobs: Registry, job: ClaimedJob) -> tuple[Kind, Any] | Outcome:

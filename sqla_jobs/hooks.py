@@ -129,6 +129,10 @@ class OutcomeEvent:
     (None when it returned, or when the job could not run: an unknown kind or a payload that no
     longer validates, described by ``error``).
 
+    ``cancel_requested`` is True for a run an operator asked to cancel while it ran: on a
+    ``completed`` outcome, a handler that returned anyway (a sync handler that did not check
+    ``ctx.cancelled``).
+
     The event is told when the run ends, before the worker writes the outcome (writes are batched):
     a lease lost in between voids the write, and a cancel requested meanwhile turns the write of a
     failure into ``cancelled``; neither is told again.
@@ -142,6 +146,7 @@ class OutcomeEvent:
     duration: float
     exception: BaseException | None
     error: str | None
+    cancel_requested: bool = False
 
 
 class Hooks:
@@ -258,6 +263,7 @@ class Hooks:
             duration=outcome.runtime,
             exception=exception,
             error=outcome.error,
+            cancel_requested=outcome.cancelled or outcome.cancel_ignored,
         )
         for hook in self.outcome_hooks:
             try:

@@ -24,7 +24,7 @@ from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.observe.stats import queue_overview
 from sqla_jobs.operations import jobs as _ops
-from sqla_jobs.operations.jobs import FILTER_LIMIT, said
+from sqla_jobs.operations.jobs import FILTER_LIMIT, RUNNING_CANCEL_NOTE, said
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -114,8 +114,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(said("cancelled", result.cancelled, "pending job"))
     if result.requested:
         print(
-            said("asked the workers to stop", result.requested, "running job")
-            + " (they end cancelled when their handlers stop)"
+            said("asked the workers to stop", result.requested, "running job") + RUNNING_CANCEL_NOTE
         )
     if not result.cancelled and not result.requested:
         print("no pending or running jobs to cancel")

@@ -30,7 +30,7 @@ from sqla_jobs.dashboard._flash import Flash
 from sqla_jobs.dashboard._render import Dashboard, link
 from sqla_jobs.dashboard._security import USER_KEY
 from sqla_jobs.errors import OperationError
-from sqla_jobs.operations.jobs import said
+from sqla_jobs.operations.jobs import RUNNING_CANCEL_NOTE, said
 
 log = logging.getLogger("sqla_jobs.dashboard")
 
@@ -68,8 +68,7 @@ def _cancelled(result: Any) -> str:
         parts.append(said("cancelled", result.cancelled, "pending job"))
     if result.requested:
         parts.append(
-            said("asked the workers to stop", result.requested, "running job")
-            + " (they end cancelled when their handlers stop)"
+            said("asked the workers to stop", result.requested, "running job") + RUNNING_CANCEL_NOTE
         )
     return "; ".join(parts) or "nothing to cancel"
 

@@ -74,6 +74,8 @@ class RunCollector(Collector):
         self._runs: dict[tuple[str, str], Runs] = {}
         #: Crashes by (kind, queue), written by the reaper's thread alone.
         self.crashes: dict[tuple[str, str], int] = {}
+        #: Runs that completed after a cancel request, by (kind, queue); the loop writes them.
+        self.cancels_ignored: dict[tuple[str, str], int] = {}
 
     def of(self, kind: str, queue: str) -> Runs:
         """The counts of ``kind`` in ``queue`` (made on first use)."""
@@ -83,14 +85,17 @@ class RunCollector(Collector):
         return runs
 
     def describe(self) -> list[Metric]:
-        return list(self._families({}, {}))
+        return list(self._families({}, {}, {}))
 
     def collect(self) -> Iterator[Metric]:
         # One C-level copy each: the loop and the reaper may add a key meanwhile.
-        yield from self._families(dict(self._runs), dict(self.crashes))
+        yield from self._families(dict(self._runs), dict(self.crashes), dict(self.cancels_ignored))
 
     def _families(
-        self, runs: dict[tuple[str, str], Runs], crashes: dict[tuple[str, str], int]
+        self,
+        runs: dict[tuple[str, str], Runs],
+        crashes: dict[tuple[str, str], int],
+        ignored: dict[tuple[str, str], int],
     ) -> Iterator[Metric]:
         outcomes = CounterMetricFamily(
             "sqla_jobs_job_outcomes",
@@ -106,7 +111,14 @@ class RunCollector(Collector):
             "From a job's run_at (by the database's clock) to its handler's start",
             labels=("kind", "queue"),
         )
+        cancels_ignored = CounterMetricFamily(
+            "sqla_jobs_job_cancels_ignored",
+            "Runs an operator asked to cancel whose handlers returned anyway: they completed "
+            "(sync handlers that do not check ctx.cancelled)",
+            labels=("kind", "queue"),
+        )
         for key in sorted(runs.keys() | crashes.keys()):
+            cancels_ignored.add_metric(key, ignored.get(key, 0))
             run = runs.get(key) or Runs()
             for name, n in zip(RUN_OUTCOMES, run.outcomes, strict=True):
                 outcomes.add_metric((*key, name), n)
@@ -115,7 +127,7 @@ class RunCollector(Collector):
                 key, _cumulative(DURATION_BUCKETS, run.durations), run.duration_sum
             )
             pickups.add_metric(key, _cumulative(PICKUP_BUCKETS, run.pickups), run.pickup_sum)
-        yield from (outcomes, durations, pickups)
+        yield from (outcomes, durations, pickups, cancels_ignored)
 
 
 def _cumulative(bounds: Sequence[float], counts: list[int]) -> list[tuple[str, float]]:

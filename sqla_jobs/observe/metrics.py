@@ -98,6 +98,10 @@ class Metrics:
         job = outcome.job
         runs = self.runs.of(job.kind, job.queue)
         runs.outcomes[OUTCOME_AT[_name_of(outcome)]] += 1
+        if outcome.cancel_ignored:
+            key = (job.kind, job.queue)
+            ignored = self.runs.cancels_ignored
+            ignored[key] = ignored.get(key, 0) + 1
         if ran:
             took = outcome.runtime
             runs.durations[bisect_left(DURATION_BUCKETS, took)] += 1

@@ -299,3 +299,11 @@ def said(verb: str, ids: Sequence[int], what: str = "job") -> str:
     """``retried 3 jobs: 4, 5, 6``."""
     noun = what if len(ids) == 1 else f"{what}s"
     return f"{verb} {len(ids)} {noun}: {', '.join(map(str, ids))}"
+
+
+#: What a cancel request does to a running job, said after the jobs it asked about.
+RUNNING_CANCEL_NOTE = (
+    " (an async handler is cancelled at once and the job ends cancelled; a sync handler is told "
+    "through ctx.cancelled: its job ends cancelled if it stops by raising, and completes if it "
+    "returns)"
+)

@@ -165,6 +165,15 @@ class Slots:
                     else:
                         await self._call(kind, args, job, ctx)
                     outcome = Outcome(job, committed=kind.wants_session)
+                    if self._holdings.cancelling and job.id in self._holdings.cancelling:
+                        outcome.cancel_ignored = True
+                        log.warning(
+                            "job %s (%s) completed after a cancel request: its handler returned "
+                            "without stopping (a sync handler must check ctx.cancelled)",
+                            job.id,
+                            job.kind,
+                            extra={"event": "cancel_ignored", "job_id": job.id},
+                        )
                 except asyncio.CancelledError as exc:
                     if exc.args != (_CANCEL,):
                         raise  # at the shutdown timeout: no outcome; the job is given back
@@ -226,6 +235,19 @@ class Slots:
             kind = self._jobs.kind_named(job.kind)
             if task is not None and kind is not None and self._is_async.get(kind.handler):
                 task.cancel(_CANCEL)
+                how = "its async handler is cancelled now"
+            else:
+                how = (
+                    "its sync handler is told through ctx.cancelled: the job ends cancelled if "
+                    "the handler stops by raising, and completes if it returns"
+                )
+            log.info(
+                "asked to cancel running job %s (%s): %s",
+                job_id,
+                job.kind,
+                how,
+                extra={"event": "cancel_requested", "job_id": job_id},
+            )
         hooks = self._jobs.hooks
         for job in holdings.cancel_unstarted(ids):
             outcome = cancelled(job, "cancelled before it started")

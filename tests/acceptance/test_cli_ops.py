@@ -343,8 +343,10 @@ def test_jobs_cancel_cancels_pending_jobs_and_asks_the_workers_of_running_ones(
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
         f"cancelled 2 pending jobs: {a}, {b}",
-        f"asked the workers to stop 1 running job: {c} (they end cancelled when their handlers "
-        "stop)",
+        f"asked the workers to stop 1 running job: {c}"
+        " (an async handler is cancelled at once and the job ends cancelled; a sync handler is "
+        "told through ctx.cancelled: its job ends cancelled if it stops by raising, and completes "
+        "if it returns)",
     ]
     rows = {row[0]: row for row in snapshot(ops_effects)}
     assert rows[a][1] == rows[b][1] == "cancelled"

@@ -44,8 +44,10 @@ def test_cancel_cancels_a_pending_job_and_asks_a_running_ones_worker(clean: Engi
         done = post(client, "/jobs/cancel", job=str(busy))
         assert flash(client, done) == (
             "ok",
-            f"asked the workers to stop 1 running job: {busy} (they end cancelled when their "
-            "handlers stop)",
+            f"asked the workers to stop 1 running job: {busy}"
+            " (an async handler is cancelled at once and the job ends cancelled; a sync handler is "
+            "told through ctx.cancelled: its job ends cancelled if it stops by raising, and completes "
+            "if it returns)",
         )
         page = client.get("/jobs?state=running").text
     assert state_of(clean, pending) == ("cancelled", False)

@@ -5,6 +5,7 @@ the per-attempt error record."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 from datetime import timedelta
@@ -22,12 +23,15 @@ from sqla_jobs import (
     JobNotFoundError,
     Jobs,
     JobStateError,
+    OutcomeEvent,
     Snooze,
     Worker,
 )
+from sqla_jobs.metrics import Metrics
 from tests._waiting import wait_until
 from tests.conftest import REPO
 
+from .test_metrics import scrape, value
 from .test_worker import DEADLINE, enqueue, execute, job_row, running
 
 
@@ -194,23 +198,67 @@ def test_a_running_sync_job_sees_ctx_cancelled_and_its_steps_are_refused(
     assert refused == [f"job {job_id} was cancelled: step 'next' not started"]
 
 
-def test_a_sync_handler_that_ignores_the_cancel_and_returns_completes(
-    clean: Engine, migrated_url: str
+def test_a_sync_handler_that_ignores_the_cancel_and_returns_completes_and_says_so(
+    clean: Engine, migrated_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """The job completes (its handler returned), and the worker says it was told and ignored:
+    in its log, in the outcome its hooks hear, and in its metrics."""
+    caplog.set_level(logging.INFO, logger="sqla_jobs.worker")
     jobs = Jobs()
     told = threading.Event()
+    heard: list[OutcomeEvent] = []
+    jobs.hooks.on_outcome(heard.append)
 
     @jobs.kind("stubborn", Task)
     def stubborn(args: Task, ctx: JobContext) -> None:
         told.set() if ctx.cancelled.wait(DEADLINE) else None
 
-    with running(Worker(jobs, migrated_url, poll_interval=30, lease=60)):
+    metrics = Metrics(port=0, sample_interval=None)
+    with running(Worker(jobs, migrated_url, poll_interval=30, lease=60, metrics=metrics)):
         (job_id,) = enqueue(clean, jobs, [Task()])
         wait_until(lambda: state(clean, job_id) == "running", "the job runs")
         with Session(clean) as session, session.begin():
             jobs.cancel(session, [job_id])
         wait_until(lambda: job_row(clean, job_id) is None, "the job completes anyway")
+        samples = scrape(metrics)
     assert told.is_set()
+    by_event = {getattr(r, "event", None): r for r in caplog.records}
+    asked = by_event["cancel_requested"]
+    assert (asked.levelname, getattr(asked, "job_id", None)) == ("INFO", job_id)
+    assert "sync handler" in asked.getMessage()
+    assert "ctx.cancelled" in asked.getMessage()
+    ignored = by_event["cancel_ignored"]
+    assert ignored.levelname == "WARNING"
+    assert ignored.getMessage() == (
+        f"job {job_id} (stubborn) completed after a cancel request: its handler returned "
+        "without stopping (a sync handler must check ctx.cancelled)"
+    )
+    (event,) = heard
+    assert (event.outcome, event.cancel_requested) == ("completed", True)
+    assert (
+        value(samples, "sqla_jobs_job_cancels_ignored_total", kind="stubborn", queue="default") == 1
+    )
+
+
+def test_a_run_no_one_asked_to_cancel_is_heard_without_a_cancel_request(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    heard: list[OutcomeEvent] = []
+    jobs.hooks.on_outcome(heard.append)
+
+    @jobs.kind("plain", Task)
+    def plain(args: Task, ctx: JobContext) -> None:
+        pass
+
+    with running(Worker(jobs, migrated_url, poll_interval=0.2)):
+        (job_id,) = enqueue(clean, jobs, [Task()])
+        wait_until(lambda: len(heard) == 1, "the run is heard")
+    assert (heard[0].job_id, heard[0].outcome, heard[0].cancel_requested) == (
+        job_id,
+        "completed",
+        False,
+    )
 
 
 def test_a_cancel_stored_while_its_worker_dies_makes_the_reaper_cancel_the_job(
