@@ -171,8 +171,13 @@ def cmd_prune(args: argparse.Namespace, database: Callable[[], str]) -> int:
     verb = "would prune" if args.dry_run else "pruned"
     age = args.older_than.strip()
     for state in states:
-        line = f"{verb} {counts[state]} {state} jobs"
+        line = f"{verb} {_count(counts[state], f'{state} job')}"
         if state == "completed":
-            line += f" and {counts[_pruner.HISTORY]} history rows"
+            line += f" and {_count(counts[_pruner.HISTORY], 'history row')}"
         print(f"{line} finished more than {age} ago")
     return 0
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 dead job``, ``2 dead jobs``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -47,9 +47,9 @@ def test_prune_deletes_what_finished_before_the_age_and_prints_it(
     result = run_cli("prune", "--older-than", "7d", database_url=migrated_url)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        "pruned 1 completed jobs and 4 history rows finished more than 7d ago",
+        "pruned 1 completed job and 4 history rows finished more than 7d ago",
         "pruned 2 dead jobs finished more than 7d ago",
-        "pruned 1 cancelled jobs finished more than 7d ago",
+        "pruned 1 cancelled job finished more than 7d ago",
     ]
     assert _states(clean) == {"dead": 1, "pending": 1}
 
