@@ -33,15 +33,23 @@ async def hello(scope: Scope, receive: Receive, send: Send) -> None:
         ("10.0.0.7:80", "10.0.0.7:80"),
     ],
 )
-def test_an_allowed_host_is_a_name_or_address_with_an_optional_port(
-    value: str, entry: str
-) -> None:
+def test_an_allowed_host_is_a_name_or_address_with_an_optional_port(value: str, entry: str) -> None:
     assert host_entry(value) == entry
 
 
 @pytest.mark.parametrize(
     "value",
-    ["::1", "::1:8000", "localhost.", "localhost.:8000", "a b", "host:0", "host:70000", "[x]:1", ""],
+    [
+        "::1",
+        "::1:8000",
+        "localhost.",
+        "localhost.:8000",
+        "a b",
+        "host:0",
+        "host:70000",
+        "[x]:1",
+        "",
+    ],
 )
 def test_an_allowed_host_that_cannot_be_compared_exactly_is_refused(value: str) -> None:
     with pytest.raises(ConfigurationError, match="allowed host"):
