@@ -48,6 +48,14 @@ def serve(url: str, log: Path, *args: str, env: dict[str, str] | None = None) ->
 
 
 @pytest.fixture
+def default_dashboard(migrated_url: str, tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    """As a developer starts it: 127.0.0.1, no credentials, no other option."""
+    log = tmp_path / "dashboard.log"
+    for port in serve(migrated_url, log):
+        yield port, log
+
+
+@pytest.fixture
 def open_dashboard(migrated_url: str, tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """The default: 127.0.0.1, no credentials, and a proxy's name allowed by the environment."""
     log = tmp_path / "dashboard.log"
@@ -83,9 +91,9 @@ def paused(engine: Engine, queue: str) -> bool:
 
 
 def test_a_forged_host_gets_400_on_a_get_and_on_a_post_and_nothing_changes(
-    clean: Engine, open_dashboard: tuple[int, Path]
+    clean: Engine, default_dashboard: tuple[int, Path]
 ) -> None:
-    port, log = open_dashboard
+    port, log = default_dashboard
     with clean.begin() as conn:
         conn.execute(
             text("INSERT INTO sqla_jobs_job (queue, kind, payload) VALUES ('mail', 'k', '{}')")
