@@ -4,6 +4,11 @@ Locked by default: it binds 127.0.0.1, and refuses any other address unless ever
 authenticate. The credentials come from the environment only (``SQLA_JOBS_DASHBOARD_USER`` and
 ``SQLA_JOBS_DASHBOARD_PASSWORD``), never from a flag, since a process's arguments show in ``ps``.
 The access log is off: the dashboard logs the actions taken and refused itself.
+
+It answers only to the names it was told (:func:`allowed_hosts`), so a web page whose DNS name
+is rebound to this machine gets 400; and it ignores ``X-Forwarded-*`` unless
+``--forwarded-allow-ips`` names the proxy, since uvicorn would otherwise trust them from
+127.0.0.1, where a rebound page's requests come from too.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import re
 import signal
 import socket
 from typing import Any
@@ -23,12 +29,16 @@ from sqla_jobs.cli.common import (
     env,
     prepared_url,
 )
+from sqla_jobs.errors import ConfigurationError
 from sqla_jobs.jobs import Jobs
 
 log = logging.getLogger("sqla_jobs.dashboard")
 
 USER_VAR, PASSWORD_VAR = "SQLA_JOBS_DASHBOARD_USER", "SQLA_JOBS_DASHBOARD_PASSWORD"
+HOSTS_VAR = "SQLA_JOBS_DASHBOARD_ALLOWED_HOSTS"
 EXTRA = "pip install 'sqla-jobs[dashboard]'"
+#: A host name the dashboard can take as it is (``gethostname`` may give one it cannot).
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
 
 
 def is_local(host: str) -> bool:
@@ -40,6 +50,35 @@ def is_local(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def allowed_hosts(host: str, port: int, extra: list[str]) -> list[str]:
+    """The names the dashboard bound to ``host``:``port`` answers to: the loopback names with
+    the port; the bound name or address when it is not a loopback one (for ``0.0.0.0`` and
+    ``::``, this machine's host names); and ``extra`` as given (a proxy's name)."""
+    names = ["127.0.0.1", "localhost", "[::1]"]
+    if not is_local(host):
+        bare = host.strip("[]").lower()
+        if bare in ("0.0.0.0", "::", ""):
+            found = {socket.gethostname().lower(), socket.getfqdn().lower()}
+            names += sorted(n for n in found if _HOST_NAME.fullmatch(n))
+            # An address is no name a rebound page can give, so this machine's are safe to add.
+            names += [f"[{a}]" if ":" in a else a for a in _addresses(socket.gethostname())]
+        else:
+            names.append(f"[{bare}]" if ":" in bare else bare)
+    # A browser leaves the port out of Host when it is the scheme's default.
+    shown = [f"{n}:{port}" for n in names] + (names if port == 80 else [])
+    return list(dict.fromkeys([*shown, *(e.strip() for e in extra if e.strip())]))
+
+
+def _addresses(name: str) -> list[str]:
+    """The addresses ``name`` resolves to, loopback ones aside (none if it does not resolve)."""
+    try:
+        found = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return []
+    addresses = {str(info[4][0]).partition("%")[0] for info in found}
+    return sorted(a for a in addresses if not is_local(a))
 
 
 def credentials() -> tuple[str, str] | None:
@@ -69,6 +108,8 @@ def listen(host: str, port: int) -> socket.socket:
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        # Listening before the URL is announced: a client that reads it can connect at once.
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise CLIError(
@@ -97,15 +138,22 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise CLIError(f"the dashboard needs its extra ({exc}): {EXTRA}") from None
     url = prepared_url(args)
-    app = create_app(
-        url,
-        jobs=Jobs(schema=args.schema),
-        read_only=args.read_only,
-        show_payload=args.show_payload,
-        credentials=auth,
-    )
+    extra = [*(env("DASHBOARD_ALLOWED_HOSTS") or "").split(","), *args.allow_host]
     sock = listen(args.host, args.port)
     bound = sock.getsockname()[1]
+    hosts = allowed_hosts(args.host, bound, extra)
+    try:
+        app = create_app(
+            url,
+            jobs=Jobs(schema=args.schema),
+            read_only=args.read_only,
+            show_payload=args.show_payload,
+            credentials=auth,
+            allowed_hosts=hosts,
+        )
+    except ConfigurationError as exc:
+        sock.close()
+        raise CLIError(str(exc)) from None
     shown = f"[{args.host}]" if ":" in args.host else args.host
     log.info(
         "serving the dashboard on http://%s:%d/%s",
@@ -113,6 +161,11 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         bound,
         " (read-only)" if args.read_only else "",
         extra={"event": "dashboard_started"},
+    )
+    log.info(
+        "answering to hosts %s",
+        ",".join(hosts),
+        extra={"event": "dashboard_hosts"},
     )
     if auth is not None and not is_local(args.host):
         log.warning(
@@ -127,6 +180,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=False,
         server_header=False,
+        proxy_headers=args.forwarded_allow_ips is not None,
+        forwarded_allow_ips=args.forwarded_allow_ips,
     )
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler it
     # found: this one makes that a clean exit (0), as a worker's is, rather than death by signal.
@@ -165,6 +220,24 @@ def register(sub: Any, epilog: str) -> None:
         type=int,
         default=env("DASHBOARD_PORT", "8000"),
         help="port to listen on (env SQLA_JOBS_DASHBOARD_PORT; default 8000; 0: a free one)",
+    )
+    p.add_argument(
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME[:PORT]",
+        help="also answer to this Host, as browsers send it (a proxy's name; an IPv6 address "
+        "in brackets); repeatable (env SQLA_JOBS_DASHBOARD_ALLOWED_HOSTS, comma-separated). "
+        "Always answered: 127.0.0.1, localhost and [::1] with the port, and the --host bound; "
+        "any other Host gets 400, so a web page rebound to this machine cannot reach it",
+    )
+    p.add_argument(
+        "--forwarded-allow-ips",
+        metavar="IPS",
+        default=env("DASHBOARD_FORWARDED_ALLOW_IPS"),
+        help="trust X-Forwarded-For and X-Forwarded-Proto from these proxy addresses "
+        "(comma-separated; env SQLA_JOBS_DASHBOARD_FORWARDED_ALLOW_IPS); default: trusted "
+        "from none, the client address is the connection's",
     )
     p.add_argument(
         "--read-only",

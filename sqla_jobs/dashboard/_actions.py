@@ -28,7 +28,7 @@ from sqla_jobs.dashboard import _reads
 from sqla_jobs.dashboard._csrf import FIELD
 from sqla_jobs.dashboard._flash import Flash
 from sqla_jobs.dashboard._render import Dashboard, link
-from sqla_jobs.dashboard._security import USER_KEY
+from sqla_jobs.dashboard._security import USER_KEY, client_address
 from sqla_jobs.errors import OperationError
 from sqla_jobs.operations.jobs import RUNNING_CANCEL_NOTE, said
 
@@ -141,24 +141,22 @@ class Actions:
         return response
 
     def _run(self, request: Request, verb: str, run: Callable[[Session], str]) -> Flash:
-        user = request.scope.get(USER_KEY) or "-"
+        who = f"user {request.scope.get(USER_KEY) or '-'}, client {client_address(request.scope)}"
         try:
             with self.dash.session() as session, session.begin():
                 done = run(session)
         except OperationError as exc:
-            log.info(
-                "%s refused: %s (user %s)", verb, exc, user, extra={"event": "dashboard_refused"}
-            )
+            log.info("%s refused: %s (%s)", verb, exc, who, extra={"event": "dashboard_refused"})
             return Flash("error", str(exc))
         except DBAPIError as exc:
             if not isinstance(exc.orig, pg_errors.InsufficientPrivilege):
                 raise
             first = str(exc.orig).strip().splitlines()[0]
             log.warning(
-                "%s refused by the database: %s (user %s)",
+                "%s refused by the database: %s (%s)",
                 verb,
                 first,
-                user,
+                who,
                 extra={"event": "dashboard_refused"},
             )
             return Flash(
@@ -166,12 +164,18 @@ class Actions:
                 f"{verb}: the dashboard's database role may not do this ({first}): connect it as "
                 "the operator role of docs/roles.md, or run it read-only. Nothing changed.",
             )
-        log.info("%s (user %s)", done, user, extra={"event": f"dashboard_{verb}"})
+        log.info("%s (%s)", done, who, extra={"event": f"dashboard_{verb}"})
         return Flash("ok", done)
 
     def _refuse(self, request: Request, verb: str, why: str, hint: str) -> Response:
         log.warning(
-            "%s %s refused: %s", request.method, verb, why, extra={"event": "dashboard_refused"}
+            "%s %s refused: %s (user %s, client %s)",
+            request.method,
+            verb,
+            why,
+            request.scope.get(USER_KEY) or "-",
+            client_address(request.scope),
+            extra={"event": "dashboard_refused"},
         )
         return self.dash.page(
             request,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 
 from psycopg import errors as pg_errors
 from sqlalchemy import Engine, create_engine
@@ -20,6 +20,7 @@ from starlette.routing import Route
 from sqla_jobs.dashboard._actions import Actions
 from sqla_jobs.dashboard._csrf import Csrf
 from sqla_jobs.dashboard._flash import Flashes
+from sqla_jobs.dashboard._hosts import AllowedHosts, host_entries
 from sqla_jobs.dashboard._pages import Pages
 from sqla_jobs.dashboard._reads import BadRequest
 from sqla_jobs.dashboard._render import Dashboard, environment
@@ -41,6 +42,7 @@ def create_app(
     credentials: tuple[str, str] | None = None,
     title: str = "sqla-jobs",
     secret: str | bytes | None = None,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> Starlette:
     """The dashboard as an ASGI app: serve it (``sqla-jobs dashboard``, any ASGI server) or mount
     it in a Starlette or FastAPI application, behind that application's own authentication.
@@ -53,6 +55,12 @@ def create_app(
     that every request must send (HTTP Basic); leave it None when the application in front
     authenticates. ``secret``: the key of the CSRF tokens and flash cookies; default a random one
     per app, so set one when several processes serve the same dashboard behind a balancer.
+    ``allowed_hosts``: the names the app answers to, ``NAME[:PORT]`` exactly as browsers send
+    them in ``Host`` (``["127.0.0.1:8000", "localhost:8000", "[::1]:8000"]``, a proxy's
+    ``"jobs.example.com"``): any other ``Host`` gets 400 before anything else runs, and a POST
+    must come from one of them (``Origin``, scheme and port included). Served on its own, give
+    it: without it a web page whose DNS name is rebound to this machine passes for the dashboard.
+    None (the default) checks no Host, for an application that mounts it and checks hosts itself.
 
     Every state-changing request is a POST with a CSRF token; every response forbids framing,
     scripts and caching. Nothing is logged but the actions taken and refused (never a payload,
@@ -64,6 +72,7 @@ def create_app(
             raise ConfigurationError(
                 "dashboard credentials need a user (without ':') and a non-empty password"
             )
+    hosts = None if allowed_hosts is None else host_entries(allowed_hosts)
     if isinstance(url_or_engine, Engine):
         engine, owns_engine = url_or_engine, False
     else:
@@ -82,7 +91,7 @@ def create_app(
         read_only=read_only,
         show_payload=show_payload,
         title=title,
-        csrf=Csrf(key),
+        csrf=Csrf(key, hosts),
         flashes=Flashes(key),
         templates=environment(),
         owns_engine=owns_engine,
@@ -101,7 +110,10 @@ def create_app(
             "/queues/{queue:str}/{verb:str}", actions.queue, methods=["POST"], name="queue_action"
         ),
     ]
+    # SecurityHeaders only adds to responses; the Host check is the first to look at a request.
     middleware = [Middleware(SecurityHeaders)]
+    if hosts is not None:
+        middleware.append(Middleware(AllowedHosts, allowed=hosts))
     if credentials is not None:
         middleware.append(Middleware(BasicAuth, user=credentials[0], password=credentials[1]))
 

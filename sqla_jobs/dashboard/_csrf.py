@@ -6,7 +6,9 @@ Secure over https), and each form carries the HMAC of that value under the app's
 passes when its form's token is the HMAC of its cookie, compared in constant time. Another site
 can make the browser send the cookie but can neither read it nor compute its HMAC; a cookie
 planted from a sibling domain is useless without the secret. When the browser says where the
-request came from (``Origin``, else ``Referer``), that must be this host as well.
+request came from (``Origin``, else ``Referer``), that must be one of the app's allowed hosts
+(:mod:`._hosts`), scheme and port included; an app without that list (mounted in an application
+that checks hosts itself) compares it with the request's ``Host``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from urllib.parse import urlsplit
 from starlette.requests import Request
 from starlette.responses import Response
 
+from sqla_jobs.dashboard._hosts import foreign_origin
+
 COOKIE = "sqla_jobs_csrf"
 #: The form field that carries the token (never a URL: URLs end up in logs and histories).
 FIELD = "csrf_token"
@@ -27,10 +31,12 @@ _NONCE = re.compile(r"[A-Za-z0-9_-]{43}")
 
 
 class Csrf:
-    """Issues and checks the tokens of one app, under its ``secret``."""
+    """Issues and checks the tokens of one app, under its ``secret``; POSTs must come from one
+    of ``allowed_hosts`` when it is given (see :mod:`._hosts`)."""
 
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, allowed_hosts: frozenset[str] | None = None) -> None:
         self._secret = secret
+        self._allowed = allowed_hosts
 
     def token(self, nonce: str) -> str:
         """The form token of the cookie value ``nonce``."""
@@ -56,7 +62,7 @@ class Csrf:
 
     def refusal(self, request: Request, token: object) -> str | None:
         """Why a POST with form token ``token`` is refused, or None if it passes."""
-        foreign = _foreign_origin(request)
+        foreign = self._foreign_origin(request)
         if foreign is not None:
             return f"the request came from another site ({foreign})"
         nonce = request.cookies.get(COOKIE, "")
@@ -66,23 +72,29 @@ class Csrf:
             return "the form's security token does not match"
         return None
 
+    def _foreign_origin(self, request: Request) -> str | None:
+        """The origin the browser gave (``Origin`` first, else the ``Referer``) when it is not
+        an allowed one; None when it is, or when the browser gave neither."""
+        for header in ("origin", "referer"):
+            value = request.headers.get(header)
+            if value is None:
+                continue
+            if self._allowed is None:
+                return _foreign_to_host(request, value)
+            return foreign_origin(value, request.url.scheme, self._allowed)
+        return None
+
 
 def cookie_path(request: Request) -> str:
     """The path the app is served under (where it is mounted), for its cookies."""
     return str(request.scope.get("root_path") or "") or "/"
 
 
-def _foreign_origin(request: Request) -> str | None:
-    """The origin the browser gave, when it is not this host (``Origin`` first, else the
-    ``Referer``); None when it is this host or the browser gave neither."""
+def _foreign_to_host(request: Request, value: str) -> str | None:
+    """``value``'s origin when its host and port are not the request's ``Host``."""
     host = request.headers.get("host", "").lower()
-    for header in ("origin", "referer"):
-        value = request.headers.get(header)
-        if value is None:
-            continue
-        # "null": a sandboxed frame, a file:// page, a redirect across origins.
-        netloc = "" if value == "null" else urlsplit(value).netloc.lower()
-        if not host or netloc != host:
-            return value if value == "null" else f"{urlsplit(value).scheme}://{netloc}"
-        return None
+    # "null": a sandboxed frame, a file:// page, a redirect across origins.
+    netloc = "" if value == "null" else urlsplit(value).netloc.lower()
+    if not host or netloc != host:
+        return value if value == "null" else f"{urlsplit(value).scheme}://{netloc}"
     return None

@@ -122,7 +122,8 @@ def test_it_serves_only_authenticated_requests_and_logs_actions_without_secrets(
     assert "event=dashboard_started" in text_logged
     assert "event=dashboard_plain_http" in text_logged, "a warning: Basic auth without TLS"
     assert re.search(
-        r"event=dashboard_pause msg=\"paused queue mail: .* \(user ops\)\"", text_logged
+        r"event=dashboard_pause msg=\"paused queue mail: .* \(user ops, client 127\.0\.0\.1\)\"",
+        text_logged,
     )
     assert "event=dashboard_refused" in text_logged
     assert PASSWORD not in text_logged

@@ -286,3 +286,54 @@ def test_screenshots_stay_small() -> None:
         path = Path(DOCS / name)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert path.stat().st_size < 300_000, name
+
+
+@pytest.fixture
+def rebinding_driver() -> Iterator[WebDriver]:
+    """A browser in which ``rebound.example`` resolves to 127.0.0.1, as it would for a page
+    whose DNS name an attacker rebinds."""
+    options = webdriver.ChromeOptions()
+    options.binary_location = "/usr/bin/chromium"
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--host-resolver-rules=MAP rebound.example 127.0.0.1",
+    ):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    browser = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    browser.execute_cdp_cmd("Network.enable", {})
+    try:
+        yield browser
+    finally:
+        browser.quit()
+
+
+def test_a_page_rebound_to_this_machine_reads_nothing_and_changes_nothing(
+    rebinding_driver: WebDriver, base_url: str, admin: Engine, scene: tuple[Jobs, _scene.Scene]
+) -> None:
+    jobs, _ = scene
+    driver = rebinding_driver
+    authenticate(driver, USER)  # even a browser that holds the credentials
+    rebound = base_url.replace("127.0.0.1", "rebound.example")
+    driver.get(f"{rebound}/")
+    assert statuses(driver, f"{rebound}/") == [400]
+    assert "does not answer to that name" in driver.find_element(By.TAG_NAME, "body").text
+    # The rebound page's own script: same origin to the browser, so it may POST and read.
+    status = driver.execute_async_script(
+        """
+        const done = arguments[arguments.length - 1];
+        fetch("/queues/mail/pause", {method: "POST", body: new URLSearchParams({next: "/"}),
+                                     redirect: "manual"})
+            .then(r => done(r.status), e => done(String(e)));
+        """
+    )
+    assert status == 400
+    with admin.connect() as conn:
+        paused = conn.execute(
+            text(f"SELECT paused_at FROM {jobs.schema}.sqla_jobs_queue WHERE queue = 'mail'")
+        ).scalar()
+    assert paused is None
+    driver.get(f"{base_url}/")
+    assert statuses(driver, f"{base_url}/") == [200], "the dashboard's own name still answers"

@@ -40,11 +40,13 @@ def make_jobs(schema: str | None = None) -> Jobs:
 
 
 @contextmanager
-def dashboard(url_or_engine: str | Engine, **options: Any) -> Iterator[TestClient]:
-    """A TestClient on ``create_app(url_or_engine, **options)``, its lifespan run (so an engine
-    the app made is disposed of at the end)."""
+def dashboard(
+    url_or_engine: str | Engine, base_url: str = "http://testserver", **options: Any
+) -> Iterator[TestClient]:
+    """A TestClient on ``create_app(url_or_engine, **options)`` at ``base_url``, its lifespan
+    run (so an engine the app made is disposed of at the end)."""
     app: Starlette = create_app(url_or_engine, **options)
-    with TestClient(app, base_url="http://testserver") as client:
+    with TestClient(app, base_url=base_url) as client:
         yield client
 
 
