@@ -22,6 +22,8 @@ from sqla_jobs.sql import outcomes as outcomes_sql
 from sqla_jobs.sql import scans as scans_sql
 from sqla_jobs.sql import tables as tables_sql
 
+__all__ = ["Compiled", "WorkerSQL", "compile_statement"]
+
 _DIALECT = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
 
 
