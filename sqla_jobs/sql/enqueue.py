@@ -88,6 +88,8 @@ def _insert_values(lean: bool) -> Insert:
 
 
 def bound_values(lean: bool = False) -> dict[str, Any]:
+    """The job columns of :data:`~sqla_jobs.sql.columns.COLUMNS` as bind parameters (``lean``:
+    without the optional ones)."""
     # Each value bound as its column's type, the payload as text cast to jsonb.
     return {
         c.name: cast(bindparam(c.name, type_=Text), JSONB)

@@ -56,6 +56,7 @@ __all__ = [
 
 
 def due_now() -> tuple[ColumnElement[bool], ...]:
+    """The worker's selection: due by the database's ``now()``."""
     return (job.c.run_at <= func.now(),)
 
 
@@ -65,17 +66,20 @@ LAST_PRIORITY: ColumnElement[int] = literal_column("CAST(32767 AS SMALLINT)")
 
 
 def due_head(run_at: ColumnElement[Any]) -> ColumnElement[bool]:
+    """Whether a line's first job, with this ``run_at``, is due now."""
     # Whether the first job of a priority (of a key) is due: its index entries are in run_at
     # order, so if the first is not due none is.
     return run_at <= func.now()
 
 
 def unkeyed_in(queue: ColumnElement[str]) -> tuple[ColumnElement[bool], ...]:
+    """``queue``'s pending unkeyed jobs, as ``sqla_jobs_job_claim_idx`` holds them."""
     # The claim index's predicate first, then its leading column.
     return (job.c.state == PENDING, job.c.concurrency_key.is_(None), job.c.queue == queue)
 
 
 def keyed_in(queue: ColumnElement[str]) -> tuple[ColumnElement[bool], ...]:
+    """``queue``'s pending keyed jobs, as ``sqla_jobs_job_keyed_idx`` holds them."""
     # The keyed index's predicate first, then its leading column.
     return (job.c.state == PENDING, job.c.concurrency_key.is_not(None), job.c.queue == queue)
 
@@ -117,6 +121,7 @@ def priority_heads(
 
 
 def not_paused(queue: ColumnElement[str] | None = None) -> ColumnElement[bool]:
+    """Whether ``queue`` (the bound ``queue`` by default) is not paused."""
     # The queue is not paused: uncorrelated with the job rows, so PostgreSQL runs it once per
     # claim (an InitPlan, one primary-key probe of a tiny table) and a paused queue's claim reads
     # no job at all. A pause therefore holds from the next claim of every worker on.
@@ -128,6 +133,7 @@ def not_paused(queue: ColumnElement[str] | None = None) -> ColumnElement[bool]:
 
 
 def crash_rule() -> ColumnElement[bool]:
+    """Which jobs that crashed a worker before a claim may take (``crashed_ok``, ``last_life_ok``)."""
     # Which jobs that crashed a worker before a claim may take. A job on its last crash life
     # (one more crash makes it dead) runs only in a process holding no other crashed job, so a
     # poison job cannot take a healthy job dead with it: ``last_life_ok`` is true only for a

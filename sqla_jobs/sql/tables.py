@@ -83,51 +83,25 @@ __all__ = [
 
 PG_DIALECT = _pg_dialect()  # type: ignore[no-untyped-call]
 
-
 job = typing.cast(Table, Job.__table__)
-
-
 history = typing.cast(Table, JobHistory.__table__)
-
-
 queue_state = typing.cast(Table, QueueState.__table__)
-
-
 schedule = typing.cast(Table, Schedule.__table__)
-
-
 registry = typing.cast(Table, RegisteredWorker.__table__)
-
-
 throughput = typing.cast(Table, ThroughputMinute.__table__)
 
-
 PENDING: ColumnElement[str] = literal_column("'pending'")
-
-
 RUNNING: ColumnElement[str] = literal_column("'running'")
-
-
 DEAD: ColumnElement[str] = literal_column("'dead'")
-
-
 COMPLETED: ColumnElement[str] = literal_column("'completed'")
-
-
 CANCELLED: ColumnElement[str] = literal_column("'cancelled'")
 
 
 #: The most per-attempt error entries a job keeps (the oldest go first), and the most characters
 #: of a traceback in one.
 MAX_ERRORS = 25
-
-
 MAX_TRACEBACK_CHARS = 4000
-
-
 ONE_SECOND: ColumnElement[Any] = literal_column("interval '1 second'")
-
-
 ONE_MICROSECOND: ColumnElement[Any] = literal_column("interval '1 microsecond'")
 
 
@@ -141,10 +115,12 @@ ADVISORY_NAMESPACE = -1196525586
 
 
 def ids_param() -> BindParameter[Any]:
+    """The ``ids`` parameter: a bigint array of job ids."""
     return bindparam("ids", type_=ARRAY(BigInteger()))
 
 
 def tokens_param() -> BindParameter[Any]:
+    """The ``tokens`` parameter: a uuid array of lease tokens, parallel to ``ids``."""
     return bindparam("tokens", type_=ARRAY(UUID(as_uuid=True)))
 
 
@@ -159,6 +135,7 @@ def held_pairs() -> Any:
 
 
 def fenced(held: Any) -> ColumnElement[bool]:
+    """The job rows matching the (id, token) pairs of :func:`held_pairs`."""
     # Matched as exact (id, token) pairs, never as two sets: a process may hold a job under an old
     # claim (its lease lost, its handler still running) while it holds the same job again under a
     # new one, and one claim's id must not pair with the other claim's token. A nested loop over
@@ -167,6 +144,7 @@ def fenced(held: Any) -> ColumnElement[bool]:
 
 
 def requested_run_at() -> ColumnElement[object]:
+    """A new job's run_at: ``run_at`` if bound, else the database's ``now()`` plus ``delay_us``."""
     return func.coalesce(
         bindparam("run_at", type_=job.c.run_at.type),
         # Bound as microseconds, not as an interval: an interval's days are calendar days in the
@@ -178,6 +156,7 @@ def requested_run_at() -> ColumnElement[object]:
 def append_error(
     error_class: ColumnElement[Any], message: ColumnElement[Any], trace: ColumnElement[Any]
 ) -> ColumnElement[Any]:
+    """``errors`` with this attempt's entry appended, the oldest dropped past :data:`MAX_ERRORS`."""
     # One entry per attempt, the last MAX_ERRORS kept: jsonb's `- 0` drops the oldest.
     entry = func.jsonb_build_array(
         func.jsonb_build_object(

@@ -54,11 +54,13 @@ WRITTEN_HERE: ColumnElement[bool] = literal_column(
 
 
 def this_test() -> ColumnElement[bool]:
+    """Every job with ``all_jobs``, else only those the current transaction wrote."""
     # Every job when ``all_jobs``, else only this transaction's.
     return or_(bindparam("all_jobs", False, type_=Boolean), WRITTEN_HERE)
 
 
 def due_for_testing() -> tuple[ColumnElement[bool], ...]:
+    """A test's selection: due by a clock moved ``ahead_us`` (or any time), and its own jobs."""
     # Due by now() + ``ahead_us`` microseconds (time moved forward without sleeping), or at any
     # time with ``delayed``; the outcomes still compute run_at from the real now().
     return (
