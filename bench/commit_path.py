@@ -1,7 +1,7 @@
 """The commit path under many writers: what each wakeup design costs the enqueuing transactions.
 
 pgbench plays many application servers enqueueing one job per transaction (``-M prepared``, the
-statements sqla-jobs' single enqueue sends, compiled from :mod:`sqla_jobs.sql.statements`), for each
+statements sqla-jobs' single enqueue sends, compiled from :mod:`sqla_jobs.sql.enqueue`), for each
 client count and each wakeup design:
 
 - ``no wakeup``: BEGIN; INSERT; COMMIT (the reference);
@@ -51,7 +51,7 @@ from sqlalchemy.sql import ClauseElement, ColumnElement
 from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.enqueue.notifier import INTERVAL
 from sqla_jobs.model import notify_channel
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import enqueue as enqueue_sql
 
 from .app import KIND
 from .dbs import connect, fresh_database
@@ -116,10 +116,10 @@ def pgbench_sql(stmt: ClauseElement) -> str:
 def scripts() -> dict[str, str]:
     """The pgbench scripts: ``writer`` (no wakeup, and the after-commit writers), ``notify`` (the
     in-transaction NOTIFY), ``throttled`` and ``notifier`` (the after-commit notifier)."""
-    plain = pgbench_sql(statements.insert_job(lean=True))
-    folded = pgbench_sql(statements.insert_job_and_notify(lean=True))
-    plain_tick = pgbench_sql(statements.insert_job(lean=True).returning(_TICK))
-    folded_tick = pgbench_sql(statements.insert_job_and_notify(lean=True).add_columns(_TICK))
+    plain = pgbench_sql(enqueue_sql.insert_job(lean=True))
+    folded = pgbench_sql(enqueue_sql.insert_job_and_notify(lean=True))
+    plain_tick = pgbench_sql(enqueue_sql.insert_job(lean=True).returning(_TICK))
+    folded_tick = pgbench_sql(enqueue_sql.insert_job_and_notify(lean=True).add_columns(_TICK))
     return {
         "writer": f"BEGIN;\n{plain};\nCOMMIT;\n",
         "notify": f"BEGIN;\n{folded};\nCOMMIT;\n",

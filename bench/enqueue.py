@@ -24,7 +24,7 @@ from sqlalchemy.sql import ClauseElement
 from sqla_jobs import Jobs
 from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.model import notify_channel
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import enqueue as enqueue_sql
 
 from . import baseline
 from .app import KIND, Ping, UniquePing, make_engine, make_jobs, make_unique_jobs, payload_dict
@@ -92,9 +92,9 @@ def _enqueue_insert() -> tuple[str, dict[str, Any]]:
     INSERT (with its NOTIFY folded in, unless the NOTIFY comes after the commit), compiled for
     psycopg, and its parameters but the payload."""
     lean: ClauseElement = (
-        statements.insert_job(lean=True)
+        enqueue_sql.insert_job(lean=True)
         if NOTIFY_AFTER_COMMIT
-        else statements.insert_job_and_notify(lean=True)
+        else enqueue_sql.insert_job_and_notify(lean=True)
     )
     sql = str(lean.compile(dialect=postgresql.psycopg.dialect()))  # type: ignore[no-untyped-call]
     params = {
@@ -262,7 +262,7 @@ def bulk_table_floor(url: str, n: int) -> float:
     ``sqla_jobs_job``, with the columns ``enqueue_many`` sends (the id from its identity). Its ratio
     to the baseline's COPY is what the table costs (its claim index, its columns). enqueue_many can
     beat it: it formats the COPY text itself and validates while the server stores rows."""
-    copy_sql = f"COPY sqla_jobs_job ({', '.join(statements.COPY_COLUMNS[1:])}) FROM STDIN"
+    copy_sql = f"COPY sqla_jobs_job ({', '.join(enqueue_sql.COPY_COLUMNS[1:])}) FROM STDIN"
     with psycopg.connect(libpq_conninfo(url)) as conn:
         payloads = [payload_dict(i) for i in range(n)]
         t0 = time.perf_counter()

@@ -25,7 +25,8 @@ import psycopg
 
 from devdb import database_url
 from sqla_jobs.db.urls import libpq_conninfo
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import claim as claim_sql
+from sqla_jobs.sql import scans as scans_sql
 from sqla_jobs.sql.compiled import Compiled, compile_statement
 
 from .dbs import fresh_database
@@ -156,8 +157,17 @@ def _old(name: str) -> Compiled:
     return Compiled(sql=OLD_SQL[name], defaults=OLD_DEFAULTS)
 
 
+#: The statements measured, by name.
+_BUILDERS = {
+    "claim": claim_sql.claim,
+    "claim_keyed": claim_sql.claim_keyed,
+    "lock_keys": scans_sql.lock_keys,
+    "claimable_queues": scans_sql.claimable_queues,
+}
+
+
 def _new(name: str) -> Compiled:
-    return compile_statement(getattr(statements, name)(), None)
+    return compile_statement(_BUILDERS[name](), None)
 
 
 def _claim_params(queue: str, limit: int) -> dict[str, Any]:

@@ -55,7 +55,7 @@ HandlerOf = PayloadHandler[M] | SessionHandler[M] | AsyncSessionHandler[M]
 
 
 if TYPE_CHECKING:
-    # TypedDicts for `**options: Unpack[...]`: type checkers only, as statements.py takes
+    # TypedDicts for `**options: Unpack[...]`: type checkers only, as sql/tables.py takes
     # Unpack, so typing_extensions stays out of the run-time dependencies.
 
     class KindOptionArgs(TypedDict, Generic[M], total=False):

@@ -51,7 +51,7 @@ class Backoff:
         return min(1000, math.ceil(math.log(self.cap_seconds) / math.log(self.base)) + 1)
 
     def sql_params(self) -> dict[str, float | int]:
-        """The bound parameters of :func:`sqla_jobs.sql.statements.fail` for this policy."""
+        """The bound parameters of :func:`sqla_jobs.sql.outcomes.fail` for this policy."""
         return {
             "base": self.base,
             "cap": self.cap_seconds,

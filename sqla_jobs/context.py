@@ -45,7 +45,7 @@ class ClaimedJob(NamedTuple):
 
 class ClaimedWithMeta(ClaimedJob):
     """A claimed job and its meta: a row of a claim that returns the ``meta`` column too, as its
-    element after :class:`ClaimedJob`'s fields (``statements.claim_with_meta``).
+    element after :class:`ClaimedJob`'s fields (``sqla_jobs.sql.claim.claim_with_meta``).
 
     A subclass rather than a field of ClaimedJob with a default: a worker without a middleware
     that reads meta builds its jobs from the plain claim's rows exactly as before, with no column,
@@ -68,7 +68,7 @@ class ClaimedWithMeta(ClaimedJob):
 
 class ClaimedWithDue(ClaimedJob):
     """A claimed job and when it became due: a row of a claim that returns ``due_at`` too, as its
-    last element (``statements.claim_with_due_at``: the claim of a worker with metrics). With
+    last element (``sqla_jobs.sql.claim.claim_with_due_at``: the claim of a worker with metrics). With
     the meta as well, the row is a :class:`ClaimedWithMeta` whose last element is ``due_at``.
     Read it with :func:`due_at`."""
 

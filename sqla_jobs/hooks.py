@@ -312,7 +312,7 @@ def _name_of(outcome: Outcome) -> OutcomeName:
     if outcome.error is None:
         return "completed"
     job = outcome.job
-    # The fail statement's own rule (statements.fail): dead when forced or the budget is spent.
+    # The fail statement's own rule (sqla_jobs.sql.outcomes.fail): dead when forced or the budget is spent.
     if outcome.dead or job.attempts - job.crashes >= job.max_attempts:
         return "dead"
     return "failed"

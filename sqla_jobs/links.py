@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 
 from sqla_jobs.errors import ConfigurationError, InvalidOptionError
 from sqla_jobs.model import JOB_TABLE, Job
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import links as links_sql
 
 #: ``enqueue(link=...)``: the rows to link the job to, by link table, e.g. ``{order_jobs: 42}``.
 LinkArg = Mapping[Table, Any] | None
@@ -33,7 +33,7 @@ LinksArg = Mapping[Table, Any] | Sequence[Mapping[Table, Any] | None] | None
 #: The column of a link table that points at the job (``link_table`` names it so).
 JOB_COLUMN = "job_id"
 _JOB_BIND = {"mapper": inspect(Job)}
-_SAVEPOINT, _ROLLBACK_TO_SAVEPOINT, _RELEASE_SAVEPOINT = statements.LINK_SAVEPOINT
+_SAVEPOINT, _ROLLBACK_TO_SAVEPOINT, _RELEASE_SAVEPOINT = links_sql.LINK_SAVEPOINT
 _FOREIGN_KEY_VIOLATION = "23503"
 
 
@@ -186,7 +186,7 @@ def insert(
     fresh: bool = True,
 ) -> None:
     """Link the jobs ``ids`` as ``per_job`` says (one list per job, in the same order), in the
-    session's transaction, one statement per link table (:func:`statements.insert_links`).
+    session's transaction, one statement per link table (:func:`links_sql.insert_links`).
 
     ``fresh``: every job was inserted by this transaction, so no worker can complete one before
     the links are in. Otherwise (a unique job's duplicate: the job holding the key, perhaps
@@ -234,4 +234,4 @@ def _sqlstate(exc: IntegrityError) -> str | None:
 
 @functools.lru_cache(maxsize=64)
 def _insert_links(link: Link, schema: str | None) -> Insert:
-    return statements.insert_links(link.table, link.key, link.job, schema)
+    return links_sql.insert_links(link.table, link.key, link.job, schema)

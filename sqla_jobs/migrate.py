@@ -36,7 +36,7 @@ from sqlalchemy.pool import NullPool
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.errors import MigrationConflictError
 from sqla_jobs.model import JOB_TABLE, PREFIX, VERSION_TABLE
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import catalog as catalog_sql
 
 #: What ``sqla-jobs migrate`` upgrades to: the head of the ``sqla_jobs`` branch.
 TARGET = "sqla_jobs@head"
@@ -104,7 +104,7 @@ def upgrade(
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
     try:
         with engine.connect() as conn, conn.begin():
-            conn.execute(statements.lock_migrations(), {"schema_name": schema})
+            conn.execute(catalog_sql.lock_migrations(), {"schema_name": schema})
             adopted = _settle(conn, cfg, schema, adopt=adopt)
             before = _heads(conn, VERSION_TABLE, schema)
             # Alembic runs in this transaction (it sees one open and begins none of its own).
@@ -124,11 +124,11 @@ def downgrade(url: str, *, schema: str | None = None) -> None:
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
     try:
         with engine.connect() as conn, conn.begin():
-            conn.execute(statements.lock_migrations(), {"schema_name": schema})
+            conn.execute(catalog_sql.lock_migrations(), {"schema_name": schema})
             _settle(conn, cfg, schema, adopt=False)
             cfg.attributes["connection"] = conn
             command.downgrade(cfg, "sqla_jobs@base")
-            conn.execute(statements.drop_version_table(), execution_options=_options(schema))
+            conn.execute(catalog_sql.drop_version_table(), execution_options=_options(schema))
     finally:
         engine.dispose()
 
@@ -183,10 +183,10 @@ def _adopt(
         own.stamp(script, revision)
     options = _options(schema)
     conn.execute(
-        statements.forget_shared_versions(), {"revisions": list(ours)}, execution_options=options
+        catalog_sql.forget_shared_versions(), {"revisions": list(ours)}, execution_options=options
     )
     if drop_shared:
-        conn.execute(statements.drop_shared_version_table(), execution_options=options)
+        conn.execute(catalog_sql.drop_shared_version_table(), execution_options=options)
 
 
 def _context(conn: Connection, table: str, schema: str | None) -> MigrationContext:

@@ -4,7 +4,7 @@ A kind declares what makes two of its jobs the same (:class:`Unique`), or an enq
 itself (``unique_key=``). The key is held by a partial unique index of the job table (shipped in the
 package's migrations), so it is exact across transactions and processes: never a check-then-insert.
 This module is pure: it checks the declarations and computes keys; the SQL is in
-:mod:`sqla_jobs.sql.statements` and the enqueue paths in :mod:`sqla_jobs.enqueue.unique`.
+:mod:`sqla_jobs.sql.unique` and the enqueue paths in :mod:`sqla_jobs.enqueue.unique`.
 """
 
 from __future__ import annotations

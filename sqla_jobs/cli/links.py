@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.types import NullType
 
 from sqla_jobs.cli.common import CLIError
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import links as links_sql
+from sqla_jobs.sql import tables as tables_sql
 
 #: One part of ``[SCHEMA.]TABLE.COLUMN``: a plain identifier, as PostgreSQL stores it.
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_$]{0,62}\Z")
@@ -70,15 +71,15 @@ def statement(session: Session, schema: str | None, linked: Linked) -> Select[An
     table as a link table of the job table in ``schema``. Reads the catalog only; a usage error
     (naming what is wrong) if the table is missing, is not a link table, or lacks the column."""
     found = session.execute(
-        statements.find_link_table(),
-        {"link_table": linked.table_name, "job_table": statements.job_table_name(schema)},
+        links_sql.find_link_table(),
+        {"link_table": linked.table_name, "job_table": tables_sql.job_table_name(schema)},
     ).one_or_none()
     if found is None:
         raise CLIError(
             f"--linked {linked}: no table {linked.table_name} (name its schema if it is not on "
             "the search_path: SCHEMA.TABLE.COLUMN=VALUE)"
         )
-    job_table = statements.job_table_name(schema)
+    job_table = tables_sql.job_table_name(schema)
     if len(found.job_columns) != 1:
         what = (
             "none of its foreign keys points at"
@@ -111,7 +112,7 @@ def statement(session: Session, schema: str | None, linked: Linked) -> Select[An
             f"--linked {linked}: the type of {found.name}.{column.name} is unknown to SQLAlchemy; "
             "list the jobs with a query of your own"
         )
-    return statements.list_linked_jobs(table, column.name, job_column)
+    return links_sql.list_linked_jobs(table, column.name, job_column)
 
 
 def bad_value(linked: Linked, error: BaseException) -> CLIError:

@@ -21,7 +21,7 @@ from sqla_jobs.cli.links import statement as linked_statement
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.model import STATES, Job
 from sqla_jobs.observe.stats import _age
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import listings as listings_sql
 
 MAX_LIMIT = 10_000
 #: Characters of ``last_error`` in a table row; ``jobs show`` has it whole.
@@ -105,7 +105,7 @@ def list_jobs(session: Session, jobs: Jobs, query: JobQuery) -> list[Row[Any]]:
     }
     if query.linked is None:
         return list(
-            session.execute(statements.list_jobs(), params, execution_options=_options(jobs))
+            session.execute(listings_sql.list_jobs(), params, execution_options=_options(jobs))
         )
     stmt = linked_statement(session, jobs.schema, query.linked)
     try:

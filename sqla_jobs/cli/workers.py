@@ -17,7 +17,7 @@ from sqla_jobs.cli.common import EXIT_OK, CLIError, add_database_options, env, p
 from sqla_jobs.db.preflight import _migrate
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.errors import NotMigratedError
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import workers as workers_sql
 
 if TYPE_CHECKING:
     from sqla_jobs.observe.metrics import Metrics
@@ -84,7 +84,7 @@ def cmd_workers(args: argparse.Namespace) -> int:
     options = {} if schema is None else {"schema_translate_map": {None: schema}}
     try:
         with engine.connect() as conn:
-            rows = conn.execution_options(**options).execute(statements.list_workers()).all()
+            rows = conn.execution_options(**options).execute(workers_sql.list_workers()).all()
     except ProgrammingError as exc:
         if getattr(exc.orig, "sqlstate", None) != "42P01":  # undefined_table
             raise

@@ -1,4 +1,4 @@
-"""What the pages read, through the queue statistics the CLI prints (``sqla_jobs.observe.stats``) and the statements of ``sqla_jobs.sql.statements``: no SQL of the dashboard's
+"""What the pages read, through the queue statistics the CLI prints (``sqla_jobs.observe.stats``) and the statements of ``sqla_jobs.sql``: no SQL of the dashboard's
 own. Every read is a plain SELECT that locks nothing, so a dashboard left open never gets in a
 worker's way."""
 
@@ -15,7 +15,10 @@ from sqla_jobs.jobs import Jobs
 from sqla_jobs.kinds import check_name
 from sqla_jobs.model import STATES
 from sqla_jobs.observe.stats import by_state, queue_overview
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import catalog as catalog_sql
+from sqla_jobs.sql import listings as listings_sql
+from sqla_jobs.sql import stats as stats_sql
+from sqla_jobs.sql import workers as workers_sql
 
 #: Jobs on one page of a listing.
 PAGE_SIZE = 50
@@ -78,7 +81,7 @@ def job_page(session: Session, jobs: Jobs, where: JobFilter) -> tuple[list[Row[A
     """One page of jobs, newest first, and the ``before`` of the next page (None: last page)."""
     rows = list(
         session.execute(
-            statements.list_jobs_page(),
+            listings_sql.list_jobs_page(),
             {
                 "states": None if where.state is None else [where.state],
                 "queue": where.queue,
@@ -105,16 +108,16 @@ def kinds(session: Session, jobs: Jobs) -> dict[str, dict[str, Any]]:
     """Per kind: jobs by state and the oldest due job's age."""
     rows = [
         (r.kind, r.state, int(r.jobs), r.oldest_due)
-        for r in session.execute(statements.stats_by_kind(), execution_options=_options(jobs))
+        for r in session.execute(stats_sql.stats_by_kind(), execution_options=_options(jobs))
     ]
     return dict(sorted(by_state(rows).items()))
 
 
 def workers(session: Session, jobs: Jobs) -> list[Row[Any]]:
     """The registered workers, oldest first, with their heartbeat's age."""
-    return list(session.execute(statements.list_workers(), execution_options=_options(jobs)))
+    return list(session.execute(workers_sql.list_workers(), execution_options=_options(jobs)))
 
 
 def database_now(session: Session) -> Any:
     """The database's clock: the pages never take time from the machine they run on."""
-    return session.execute(statements.database_clock()).scalar_one()
+    return session.execute(catalog_sql.database_clock()).scalar_one()

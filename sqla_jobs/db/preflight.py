@@ -15,10 +15,11 @@ from sqlalchemy.pool import NullPool
 
 from sqla_jobs.db.urls import parse_url, sqlalchemy_url
 from sqla_jobs.errors import NotMigratedError
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import catalog as catalog_sql
+from sqla_jobs.sql import tables as tables_sql
 
 #: Every column the package reads or writes; a table without one of them predates a revision.
-REQUIRED_COLUMNS = tuple(statements.job.columns.keys())
+REQUIRED_COLUMNS = tuple(tables_sql.job.columns.keys())
 
 
 def check_job_table(url: str, schema: str | None, select_schema: Callable[[str], str]) -> None:
@@ -32,7 +33,7 @@ def check_job_table(url: str, schema: str | None, select_schema: Callable[[str],
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
     try:
         with engine.connect() as conn:
-            rows = conn.execute(statements.find_job_tables(), {"schema": schema}).all()
+            rows = conn.execute(catalog_sql.find_job_tables(), {"schema": schema}).all()
     finally:
         engine.dispose()
     database = parse_url(url).database

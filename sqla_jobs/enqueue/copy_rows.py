@@ -2,7 +2,7 @@
 connection (sync, or async from inside ``AsyncSession.run_sync``'s greenlet).
 
 The columns, their order and how each is written come from :data:`sqla_jobs.enqueue.row.COLUMNS`: the
-row is the reserved id, those columns, and run_at (:data:`sqla_jobs.sql.statements.COPY_COLUMNS`).
+row is the reserved id, those columns, and run_at (:data:`sqla_jobs.sql.enqueue.COPY_COLUMNS`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 never a commit. The job exists if and only if the caller's transaction commits.
 
 The input arrives checked (:mod:`sqla_jobs.enqueue.validate`): nothing here raises for bad input, and the
-statements come from :mod:`sqla_jobs.sql.statements`.
+statements come from :mod:`sqla_jobs.sql.enqueue`.
 """
 
 from __future__ import annotations
@@ -27,26 +27,27 @@ from sqla_jobs.enqueue.row import Batch, Prepared
 from sqla_jobs.enqueue.wakeup import Wakeup
 from sqla_jobs.errors import EnqueueError
 from sqla_jobs.model import ENQUEUED, Job
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import enqueue as enqueue_sql
+from sqla_jobs.sql import tables as tables_sql
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
 _NOTIFIED_KEY = "sqla_jobs.notified"
-_INSERT_ONE = statements.insert_job()
-_INSERT_ONE_NOTIFY = statements.insert_job_and_notify()
+_INSERT_ONE = enqueue_sql.insert_job()
+_INSERT_ONE_NOTIFY = enqueue_sql.insert_job_and_notify()
 # Without the one optional column, meta, for a job that has none (see _row.Column.optional).
-_INSERT_ONE_LEAN = statements.insert_job(lean=True)
-_INSERT_ONE_NOTIFY_LEAN = statements.insert_job_and_notify(lean=True)
-_INSERT_MANY = statements.insert_jobs()
-_RESERVE_IDS = statements.reserve_job_ids()
-_NOTIFY = statements.notify()
+_INSERT_ONE_LEAN = enqueue_sql.insert_job(lean=True)
+_INSERT_ONE_NOTIFY_LEAN = enqueue_sql.insert_job_and_notify(lean=True)
+_INSERT_MANY = enqueue_sql.insert_jobs()
+_RESERVE_IDS = enqueue_sql.reserve_job_ids()
+_NOTIFY = enqueue_sql.notify()
 _JOB_MAPPER: Mapper[Job] = inspect(Job)
 _JOB_BIND = {"mapper": _JOB_MAPPER}
 #: Below this many jobs enqueue_many sends one INSERT; from it on, it reserves ids and COPYs.
 COPY_THRESHOLD = 64
 _ONE_US = timedelta(microseconds=1)
-_SAVEPOINT, _ROLLBACK_TO_SAVEPOINT, _RELEASE_SAVEPOINT = statements.COPY_SAVEPOINT
+_SAVEPOINT, _ROLLBACK_TO_SAVEPOINT, _RELEASE_SAVEPOINT = enqueue_sql.COPY_SAVEPOINT
 #: Payloads validated at a time by enqueue_many, while the server stores the previous ones.
 CHUNK = 1024
 
@@ -129,7 +130,7 @@ def _insert_one(
 
 def _attach(session: Session, job: Prepared, filled: Sequence[Any]) -> Job:
     """The inserted job as a persistent ``Job`` in ``session``, without loading it back: the
-    database's values (``filled``: :data:`statements.FILLED_COLUMNS`) plus what was bound. This is
+    database's values (``filled``: :data:`enqueue_sql.FILLED_COLUMNS`) plus what was bound. This is
     what an ORM load of the RETURNING row would give, at a fraction of the cost on the hot path."""
     if not _configured:
         _configure()
@@ -155,7 +156,7 @@ def _attach(session: Session, job: Prepared, filled: Sequence[Any]) -> Job:
     return obj
 
 
-_FILLED_KEYS = tuple(c.key for c in statements.FILLED_COLUMNS)
+_FILLED_KEYS = tuple(c.key for c in enqueue_sql.FILLED_COLUMNS)
 _JSON_AT = tuple(i for i, c in enumerate(_row.COLUMNS) if c.json)
 #: The columns neither written nor filled by the insert: NULL in a new row, set so that reading
 #: them does not load the row.
@@ -189,7 +190,7 @@ def _reserve_params(
     count: int, run_at: datetime | None, delay: timedelta, schema: str | None
 ) -> dict[str, Any]:
     return {
-        "table": statements.job_table_name(schema),
+        "table": tables_sql.job_table_name(schema),
         "n": count,
         "run_at": run_at,
         "delay_us": delay // _ONE_US,
@@ -198,7 +199,7 @@ def _reserve_params(
 
 @functools.cache
 def _copy_sql(schema: str | None) -> str:
-    return statements.copy_jobs(schema).text
+    return enqueue_sql.copy_jobs(schema).text
 
 
 def enqueue(

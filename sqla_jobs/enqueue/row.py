@@ -2,7 +2,7 @@
 checked row takes on its way there (:class:`Prepared`, one job; :class:`Batch`, many as columns).
 
 Everything that names them derives from :data:`~sqla_jobs.sql.columns.COLUMNS`: the INSERT statements and COPY's column
-list (:mod:`sqla_jobs.sql.statements`), the COPY text (:mod:`sqla_jobs.enqueue.copy_rows`), the ``Job`` enqueue
+list (:mod:`sqla_jobs.sql.enqueue`), the COPY text (:mod:`sqla_jobs.enqueue.copy_rows`), the ``Job`` enqueue
 returns (:mod:`sqla_jobs.enqueue.insert`) and the batches validation builds (:mod:`sqla_jobs.enqueue.validate`).
 A new column is one :class:`Column` here and one field of :class:`Prepared`; validation computes
 its value.

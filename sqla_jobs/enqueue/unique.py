@@ -29,16 +29,17 @@ from sqla_jobs.enqueue.row import Batch, Prepared
 from sqla_jobs.enqueue.wakeup import Wakeup, due_now
 from sqla_jobs.errors import DuplicateJobError, SqlaJobsError
 from sqla_jobs.model import ENQUEUED, Job
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import enqueue as enqueue_sql
+from sqla_jobs.sql import unique as unique_sql
 from sqla_jobs.unique import EnqueuedIds, OnConflict, UniqueKey
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession
 
-_INSERT = {False: statements.insert_unique_job(), True: statements.upsert_unique_job()}
-_INSERT_MANY = {False: statements.insert_unique_jobs(), True: statements.upsert_unique_jobs()}
-_FIND = statements.find_unique_job()
-_FIND_MANY = statements.find_unique_jobs()
+_INSERT = {False: unique_sql.insert_unique_job(), True: unique_sql.upsert_unique_job()}
+_INSERT_MANY = {False: unique_sql.insert_unique_jobs(), True: unique_sql.upsert_unique_jobs()}
+_FIND = unique_sql.find_unique_job()
+_FIND_MANY = unique_sql.find_unique_jobs()
 #: Inserts tried while the holder of a key keeps finishing between the insert and the lookup.
 _ATTEMPTS = 5
 
@@ -81,7 +82,7 @@ def enqueue(
         row = conn.execute(_INSERT[replace], params, execution_options=options).one_or_none()
         if row is not None and row.inserted:
             _notify(session, wakeup, [job.queue], run_at, delay, options)
-            obj = _attach(session, job, row[: len(statements.FILLED_COLUMNS)])
+            obj = _attach(session, job, row[: len(enqueue_sql.FILLED_COLUMNS)])
             obj.__dict__.update(unique_key=row.unique_key, unique_states=list(job.unique.states))
             obj.__dict__[ENQUEUED] = "inserted"
             return obj

@@ -19,7 +19,7 @@ from datetime import timedelta
 import psycopg
 
 from sqla_jobs.db.connections import CONNECTION_ERRORS, AsyncConn, Conn
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import workers as workers_sql
 from sqla_jobs.sql.compiled import compile_statement
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -40,9 +40,9 @@ class Registry:
         concurrency: int,
         beat: float,
     ) -> None:
-        self._register = compile_statement(statements.register_worker(), schema)
-        self._unregister = compile_statement(statements.unregister_worker(), schema)
-        self._prune = compile_statement(statements.prune_workers(), schema)
+        self._register = compile_statement(workers_sql.register_worker(), schema)
+        self._unregister = compile_statement(workers_sql.unregister_worker(), schema)
+        self._prune = compile_statement(workers_sql.prune_workers(), schema)
         self._name = name
         self._row = self._register.params(
             name=name,

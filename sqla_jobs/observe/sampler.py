@@ -9,7 +9,7 @@ interval of the holder's connection ending (a stop, a crash, a lost network: the
 a session lock when the session ends). A worker that does not hold the lock exposes no depth
 gauges, so summing a gauge over every scraped worker counts each queue once.
 
-A sample is one read (:func:`sqla_jobs.sql.statements.sample_queues`), which never reads the jobs
+A sample is one read (:func:`sqla_jobs.sql.metrics.sample_queues`), which never reads the jobs
 scheduled for later: it stays cheap with millions of them.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 
 from sqla_jobs.db.connections import CONNECTION_ERRORS, ConnectionThread, Connector
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import metrics as metrics_sql
 from sqla_jobs.sql.compiled import compile_statement
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -45,8 +45,8 @@ class Sampler(ConnectionThread):
         on_sample: Callable[[Rows | None], None],
     ) -> None:
         super().__init__(connector, "sampler", what="sampler connection", event="sampler_conn_lost")
-        self._try_lock = compile_statement(statements.try_lock_sampler(), schema)
-        self._sample = compile_statement(statements.sample_queues(), schema)
+        self._try_lock = compile_statement(metrics_sql.try_lock_sampler(), schema)
+        self._sample = compile_statement(metrics_sql.sample_queues(), schema)
         self._schema = schema
         self._interval = interval
         self._on_sample = on_sample

@@ -19,7 +19,9 @@ from sqlalchemy.pool import NullPool
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.model import STATES
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import listings as listings_sql
+from sqla_jobs.sql import stats as stats_sql
+from sqla_jobs.sql import workers as workers_sql
 
 #: An open transaction older than this gets a warning: it pins dead tuples in place.
 OLD_TRANSACTION = timedelta(minutes=5)
@@ -65,15 +67,15 @@ def collect(
             conn = conn.execution_options(**opts)
             rows = [
                 (r.queue, r.state, int(r.jobs), r.oldest_due)
-                for r in conn.execute(statements.stats_by_queue())
+                for r in conn.execute(stats_sql.stats_by_queue())
             ]
             kinds = [
                 (r.kind, r.state, int(r.jobs), r.oldest_due)
-                for r in conn.execute(statements.stats_by_kind())
+                for r in conn.execute(stats_sql.stats_by_kind())
             ]
-            paused = {r.queue: r.paused_at for r in conn.execute(statements.list_queue_states())}
-            health = conn.execute(statements.table_health(), {"schema": schema}).mappings().first()
-            oldest = conn.execute(statements.oldest_transaction()).mappings().first()
+            paused = {r.queue: r.paused_at for r in conn.execute(listings_sql.list_queue_states())}
+            health = conn.execute(stats_sql.table_health(), {"schema": schema}).mappings().first()
+            oldest = conn.execute(stats_sql.oldest_transaction()).mappings().first()
     finally:
         engine.dispose()
     return Stats(
@@ -191,16 +193,16 @@ def queue_overview(session: Session, jobs: Jobs) -> dict[str, dict[str, Any]]:
     options = {} if jobs.schema is None else {"schema_translate_map": {None: jobs.schema}}
     rows = [
         (r.queue, r.state, int(r.jobs), r.oldest_due)
-        for r in session.execute(statements.stats_by_queue(), execution_options=options)
+        for r in session.execute(stats_sql.stats_by_queue(), execution_options=options)
     ]
     queues = by_state(rows)
 
     def entry(queue: str) -> dict[str, Any]:
         return queues.setdefault(queue, {s: 0 for s in STATES} | {"oldest_due": None})
 
-    for r in session.execute(statements.list_queue_states(), execution_options=options):
+    for r in session.execute(listings_sql.list_queue_states(), execution_options=options):
         entry(r.queue)["paused_at"] = r.paused_at
-    for w in session.execute(statements.list_workers(), execution_options=options):
+    for w in session.execute(workers_sql.list_workers(), execution_options=options):
         if w.stale:
             continue
         for queue in w.queues:

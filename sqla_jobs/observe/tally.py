@@ -25,7 +25,7 @@ import psycopg
 from sqla_jobs.context import due_at
 from sqla_jobs.db.connections import CONNECTION_ERRORS, AsyncConn, Conn
 from sqla_jobs.hooks import _name_of
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import metrics as metrics_sql
 from sqla_jobs.sql.compiled import compile_statement
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sqla_jobs.worker")
 
-_FIELDS = statements.THROUGHPUT_COUNTS
+_FIELDS = metrics_sql.THROUGHPUT_COUNTS
 _AT = {name: i for i, name in enumerate(_FIELDS)}
 _RUNS, _RUN_SECONDS = _AT["runs"], _AT["run_seconds"]
 _PICKUPS, _PICKUP_SECONDS = _AT["pickups"], _AT["pickup_seconds"]
@@ -48,7 +48,7 @@ class Tally:
     """Worker ``name``'s counts (see the module's docstring)."""
 
     def __init__(self, *, schema: str | None, name: str) -> None:
-        self._record = compile_statement(statements.record_throughput(), schema)
+        self._record = compile_statement(metrics_sql.record_throughput(), schema)
         self._name = name
         #: Totals since the start: the runs (written by the loop), the crashes (by the reaper).
         self._runs: Counts = {}

@@ -9,11 +9,11 @@ from sqlalchemy.orm import Session
 
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.kinds import check_name
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import metrics as metrics_sql
 
 __all__ = ["Minute", "recent"]
 
-_READ = statements.read_throughput()
+_READ = metrics_sql.read_throughput()
 
 
 @dataclass(frozen=True)

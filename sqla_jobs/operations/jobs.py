@@ -28,23 +28,25 @@ from sqla_jobs.errors import (
 )
 from sqla_jobs.kinds import check_name
 from sqla_jobs.model import Job, JobState
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import enqueue as enqueue_sql
+from sqla_jobs.sql import operations as operations_sql
+from sqla_jobs.sql import unique as unique_sql
 
 #: Jobs one operation by filter touches at most (a bigger backlog: call it again).
 FILTER_LIMIT = 10_000
 #: NOTIFY payloads stay under PostgreSQL's 8,000 bytes: job ids a cancel notification carries.
 _IDS_PER_NOTIFY = 500
 
-_LOCK = statements.lock_jobs()
-_FIND = statements.find_jobs()
-_FIND_AMONG = statements.find_jobs_among()
-_RETRY = statements.retry_jobs()
-_HOLDERS = statements.unique_holders()
-_CANCEL_PENDING = statements.cancel_pending()
-_REQUEST_CANCEL = statements.request_cancel()
-_DELETE = statements.delete_jobs()
-_SET_PAUSED = statements.set_queue_paused()
-_NOTIFY = statements.notify()
+_LOCK = operations_sql.lock_jobs()
+_FIND = operations_sql.find_jobs()
+_FIND_AMONG = operations_sql.find_jobs_among()
+_RETRY = operations_sql.retry_jobs()
+_HOLDERS = unique_sql.unique_holders()
+_CANCEL_PENDING = operations_sql.cancel_pending()
+_REQUEST_CANCEL = operations_sql.request_cancel()
+_DELETE = operations_sql.delete_jobs()
+_SET_PAUSED = operations_sql.set_queue_paused()
+_NOTIFY = enqueue_sql.notify()
 
 RETRYABLE = (JobState.DEAD.value, JobState.CANCELLED.value, JobState.PENDING.value)
 CANCELLABLE = (JobState.PENDING.value, JobState.RUNNING.value)

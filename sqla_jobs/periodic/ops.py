@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session
 from sqla_jobs.errors import ScheduleNotFoundError
 from sqla_jobs.model import Job
 from sqla_jobs.periodic.schedule import Periodic
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import catalog as catalog_sql
+from sqla_jobs.sql import schedules as schedules_sql
 
 
 class Host(Protocol):
@@ -74,8 +75,10 @@ def listing(session: Session, jobs: Host) -> list[ScheduleInfo]:
     """Every schedule declared or recorded, by name."""
     conn = session.connection()
     options = _options(jobs)
-    rows = {r.name: r for r in conn.execute(statements.list_schedules(), execution_options=options)}
-    now: datetime = conn.execute(statements.database_clock()).scalar_one()
+    rows = {
+        r.name: r for r in conn.execute(schedules_sql.list_schedules(), execution_options=options)
+    }
+    now: datetime = conn.execute(catalog_sql.database_clock()).scalar_one()
     infos = []
     for name in sorted(set(rows) | {s.name for s in jobs.schedules}):
         row = rows.get(name)
@@ -112,7 +115,7 @@ def set_paused(session: Session, jobs: Host, name: str, paused: bool) -> datetim
     row = (
         session.connection()
         .execute(
-            statements.set_schedule_paused(),
+            schedules_sql.set_schedule_paused(),
             {
                 "schedule_name": schedule.name,
                 "schedule_kind": schedule.kind.name,
@@ -131,7 +134,7 @@ def run_now(session: Session, jobs: Host, name: str) -> Job:
     """Enqueue one job of schedule ``name`` to run now, outside its ticks: the schedule's last
     tick is not touched, so its next tick still comes."""
     schedule = _declared(jobs, name)
-    tick: datetime = session.execute(statements.database_clock()).scalar_one()
+    tick: datetime = session.execute(catalog_sql.database_clock()).scalar_one()
     return jobs.enqueue(
         session,
         schedule.build_payload(tick),

@@ -2,7 +2,7 @@
 
 Every worker runs one (unless told not to) and no leader is elected: each tick is enqueued once
 because the transaction that enqueues it also moves the schedule's last tick forward by
-compare-and-set (:func:`~sqla_jobs.sql.statements.advance_schedule`). Of two schedulers that plan the
+compare-and-set (:func:`~sqla_jobs.sql.schedules.advance_schedule`). Of two schedulers that plan the
 same tick, one advances the row and the other finds it changed, enqueues nothing and reads it
 again. A scheduler that dies mid-transaction rolls back both; the next one enqueues the tick.
 
@@ -36,7 +36,10 @@ from sqla_jobs.db.connections import CONNECTION_ERRORS, Connector, Reconnects, s
 from sqla_jobs.errors import ConfigurationError
 from sqla_jobs.periodic.ops import Host
 from sqla_jobs.periodic.schedule import Periodic, Plan
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import catalog as catalog_sql
+from sqla_jobs.sql import enqueue as enqueue_sql
+from sqla_jobs.sql import schedules as schedules_sql
+from sqla_jobs.sql import tables as tables_sql
 
 log = logging.getLogger("sqla_jobs.scheduler")
 
@@ -94,10 +97,10 @@ class Scheduler(threading.Thread):
         """Raise :class:`ConfigurationError` unless the role may enqueue and write schedules."""
         with self.engine.connect() as conn:
             row = conn.execute(
-                statements.scheduler_privileges(),
+                catalog_sql.scheduler_privileges(),
                 {
-                    "job_table": statements.job_table_name(self._jobs.schema),
-                    "schedule_table": statements.schedule_table_name(self._jobs.schema),
+                    "job_table": tables_sql.job_table_name(self._jobs.schema),
+                    "schedule_table": tables_sql.schedule_table_name(self._jobs.schema),
                 },
             ).one()
         if not (row.enqueue and row.schedules):
@@ -179,7 +182,7 @@ class Scheduler(threading.Thread):
         with Session(self.engine) as session, session.begin():
             if not self._registered:
                 session.execute(
-                    statements.register_schedules(),
+                    schedules_sql.register_schedules(),
                     {
                         "names": names,
                         "kinds": [s.kind.name for s in self._schedules],
@@ -190,7 +193,7 @@ class Scheduler(threading.Thread):
                 self._registered = True
             before = time.time()
             result = session.execute(
-                statements.read_schedules(), {"names": names}, execution_options=self._options
+                schedules_sql.read_schedules(), {"names": names}, execution_options=self._options
             ).all()
             after = time.time()
         if not result:  # every row deleted by hand: added back next round
@@ -208,10 +211,10 @@ class Scheduler(threading.Thread):
         try:
             with Session(self.engine) as session, session.begin():
                 session.execute(
-                    statements.limit_idle_in_transaction(), {"timeout": IDLE_IN_TRANSACTION}
+                    schedules_sql.limit_idle_in_transaction(), {"timeout": IDLE_IN_TRANSACTION}
                 )
                 won = session.execute(
-                    statements.advance_schedule(),
+                    schedules_sql.advance_schedule(),
                     {
                         "schedule_name": schedule.name,
                         "prev": row.last_tick_at,
@@ -238,7 +241,7 @@ class Scheduler(threading.Thread):
                     job_id = job.id
                 if job_id is not None:
                     session.execute(
-                        statements.record_schedule_job(),
+                        schedules_sql.record_schedule_job(),
                         {"schedule_name": schedule.name, "last_job": job_id},
                         execution_options=self._options,
                     )
@@ -298,14 +301,14 @@ class Scheduler(threading.Thread):
             # The clock estimate can run fast (a thread kept from the GIL between its clock read
             # and its query): the server waits out what is left before the NOTIFYs commit.
             conn.execute(
-                statements.sleep_until(),
+                enqueue_sql.sleep_until(),
                 {
                     "until": datetime.fromtimestamp(latest, timezone.utc),
                     "cap": self._lookahead.total_seconds(),
                 },
             )
             for queue in sorted(queues):
-                conn.execute(statements.notify(), {"channel": self._jobs.channel, "queue": queue})
+                conn.execute(enqueue_sql.notify(), {"channel": self._jobs.channel, "queue": queue})
             conn.commit()
 
 

@@ -10,6 +10,8 @@ from typing import Any, Literal
 from sqlalchemy import BigInteger, Text
 from sqlalchemy.types import TypeEngine
 
+__all__ = ["COLUMNS", "NAMES", "OPTIONAL", "Column", "CopyAs"]
+
 #: How COPY's text format writes a column's values: ``name`` as is (checked against ``NAME_RE``),
 #: ``json`` with its backslashes (and any raw control character) escaped, ``text`` fully escaped,
 #: ``int`` as a number.

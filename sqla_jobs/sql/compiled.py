@@ -1,4 +1,4 @@
-"""The worker's statements, compiled once from :mod:`sqla_jobs.sql.statements` for psycopg.
+"""The worker's statements, compiled once from the builders of :mod:`sqla_jobs.sql` for psycopg.
 
 The worker runs on raw psycopg connections (a dedicated LISTEN connection and a couple of working
 ones) rather than an engine: each statement is compiled once here, in the configured schema, and
@@ -14,7 +14,15 @@ from typing import Any
 from sqlalchemy.dialects.postgresql import psycopg as psycopg_dialect
 from sqlalchemy.sql import ClauseElement
 
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import catalog as catalog_sql
+from sqla_jobs.sql import claim as claim_sql
+from sqla_jobs.sql import enqueue as enqueue_sql
+from sqla_jobs.sql import leases as leases_sql
+from sqla_jobs.sql import outcomes as outcomes_sql
+from sqla_jobs.sql import scans as scans_sql
+from sqla_jobs.sql import tables as tables_sql
+
+__all__ = ["Compiled", "WorkerSQL", "compile_statement"]
 
 _DIALECT = psycopg_dialect.dialect()  # type: ignore[no-untyped-call]
 
@@ -41,45 +49,36 @@ def compile_statement(stmt: ClauseElement, schema: str | None) -> Compiled:
     return Compiled(sql=str(compiled), defaults=defaults)
 
 
-#: The claim and the keyed claim, by (meta, timed): each column only for a worker that reads it.
-_CLAIMS = {
-    (False, False): (statements.claim, statements.claim_keyed),
-    (True, False): (statements.claim_with_meta, statements.claim_keyed_with_meta),
-    (False, True): (statements.claim_with_due_at, statements.claim_keyed_with_due_at),
-    (True, True): (
-        statements.claim_with_meta_and_due_at,
-        statements.claim_keyed_with_meta_and_due_at,
-    ),
-}
-
-
 class WorkerSQL:
     """Every statement a worker runs, compiled for one schema; ``meta``: the claims return each
     job's meta too (for a middleware that reads ``ctx.meta``); ``timed``: and when each job
     became due, last (for the metrics' pickup delay)."""
 
     def __init__(self, schema: str | None, meta: bool = False, timed: bool = False) -> None:
-        claim, claim_keyed = _CLAIMS[meta, timed]
         #: Whether the claims return each job's meta (a 15th column, after ClaimedJob's).
         self.meta = meta
         #: Whether the claims return each job's due_at (the last column).
         self.timed = timed
-        self.claim = compile_statement(claim(), schema)
-        self.complete = compile_statement(statements.complete(), schema)
-        self.complete_into_history = compile_statement(statements.complete_into_history(), schema)
-        self.fail = compile_statement(statements.fail(), schema)
-        self.keep_completed = compile_statement(statements.keep_completed(), schema)
-        self.heartbeat = compile_statement(statements.heartbeat(), schema)
-        self.held_leases = compile_statement(statements.held_leases(), schema)
-        self.notify = compile_statement(statements.notify(), schema)
-        self.release = compile_statement(statements.release(), schema)
-        self.snooze = compile_statement(statements.snooze(), schema)
-        self.finish_cancelled = compile_statement(statements.finish_cancelled(), schema)
-        self.reap = compile_statement(statements.reap(), schema)
-        self.lock_keys = compile_statement(statements.lock_keys(), schema)
-        self.claim_keyed = compile_statement(claim_keyed(), schema)
-        self.claimable_queues = compile_statement(statements.claimable_queues(), schema)
-        self.record_step = compile_statement(statements.record_step(), schema)
-        self.deferred_job_triggers = compile_statement(statements.deferred_job_triggers(), schema)
+        self.claim = compile_statement(
+            claim_sql.claim_jobs(keyed=False, meta=meta, due_at=timed), schema
+        )
+        self.complete = compile_statement(outcomes_sql.complete(), schema)
+        self.complete_into_history = compile_statement(outcomes_sql.complete_into_history(), schema)
+        self.fail = compile_statement(outcomes_sql.fail(), schema)
+        self.keep_completed = compile_statement(outcomes_sql.keep_completed(), schema)
+        self.heartbeat = compile_statement(leases_sql.heartbeat(), schema)
+        self.held_leases = compile_statement(leases_sql.held_leases(), schema)
+        self.notify = compile_statement(enqueue_sql.notify(), schema)
+        self.release = compile_statement(outcomes_sql.release(), schema)
+        self.snooze = compile_statement(outcomes_sql.snooze(), schema)
+        self.finish_cancelled = compile_statement(outcomes_sql.finish_cancelled(), schema)
+        self.reap = compile_statement(leases_sql.reap(), schema)
+        self.lock_keys = compile_statement(scans_sql.lock_keys(), schema)
+        self.claim_keyed = compile_statement(
+            claim_sql.claim_jobs(keyed=True, meta=meta, due_at=timed), schema
+        )
+        self.claimable_queues = compile_statement(scans_sql.claimable_queues(), schema)
+        self.record_step = compile_statement(leases_sql.record_step(), schema)
+        self.deferred_job_triggers = compile_statement(catalog_sql.deferred_job_triggers(), schema)
         #: The job table's name, as the catalog statements take it.
-        self.job_table = statements.job_table_name(schema)
+        self.job_table = tables_sql.job_table_name(schema)

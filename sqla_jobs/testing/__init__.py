@@ -33,7 +33,7 @@ from sqla_jobs.errors import ConfigurationError
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.kinds import load_payload
 from sqla_jobs.model import Job
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import testing as testing_sql
 from sqla_jobs.testing.runs import JobFailed, RunResult, Scope, Shell, run
 from sqla_jobs.worker.config import WorkerSeams
 
@@ -189,7 +189,7 @@ def _find(session: Session, kind: _KindRef, jobs: Jobs | None, all_jobs: bool) -
     opts = {} if schema is None else {"schema_translate_map": {None: schema}}
     params = {"kind": name, "any_kind": name is None, "all_jobs": all_jobs}
     session.flush()
-    found = session.scalars(statements.find_pending_for_testing(), params, execution_options=opts)
+    found = session.scalars(testing_sql.find_pending_for_testing(), params, execution_options=opts)
     return name, model, list(found)
 
 

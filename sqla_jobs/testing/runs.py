@@ -31,7 +31,8 @@ from sqla_jobs.errors import ConfigurationError, LeaseLostError
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.kinds import Kind
 from sqla_jobs.model import JobState
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import claim as claim_sql
+from sqla_jobs.sql import scans as scans_sql
 from sqla_jobs.sql.compiled import Compiled, WorkerSQL, compile_statement
 from sqla_jobs.worker.writes import outcome_statement
 
@@ -102,9 +103,9 @@ class _SQL:
 
     def __init__(self, schema: str | None) -> None:
         self.worker = WorkerSQL(schema)
-        self.claim = compile_statement(statements.claim_for_testing(), schema)
-        self.lock_keys = compile_statement(statements.lock_keys_for_testing(), schema)
-        self.claim_keyed = compile_statement(statements.claim_keyed_for_testing(), schema)
+        self.claim = compile_statement(claim_sql.claim_for_testing(), schema)
+        self.lock_keys = compile_statement(scans_sql.lock_keys_for_testing(), schema)
+        self.claim_keyed = compile_statement(claim_sql.claim_keyed_for_testing(), schema)
 
 
 @functools.lru_cache(maxsize=8)

@@ -81,7 +81,7 @@ class Holdings:
         return bool(self.running or self.buffer or self.deferred)
 
     def crash_params(self) -> dict[str, bool]:
-        """The claim's crash rule for what is held now (see ``statements._crash_rule``)."""
+        """The claim's crash rule for what is held now (see ``sqla_jobs.sql.scans.crash_rule``)."""
         return {"crashed_ok": not self.last_life, "last_life_ok": not self.crashed}
 
     def _count(self, job: ClaimedJob, sign: int) -> None:

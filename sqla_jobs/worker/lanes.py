@@ -21,8 +21,8 @@ import psycopg
 
 from sqla_jobs.context import ClaimedJob
 from sqla_jobs.db.connections import CONNECTION_ERRORS, AsyncConn, Connector, aclose_quietly
+from sqla_jobs.sql.catalog import IMMEDIATE_CONSTRAINTS
 from sqla_jobs.sql.compiled import WorkerSQL
-from sqla_jobs.sql.statements import IMMEDIATE_CONSTRAINTS
 from sqla_jobs.worker.config import WorkerConfig
 from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.leases import held_params

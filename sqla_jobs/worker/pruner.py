@@ -45,7 +45,7 @@ from sqla_jobs.db.connections import (
 )
 from sqla_jobs.model import JobState
 from sqla_jobs.retention import Retention
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import maintenance as maintenance_sql
 from sqla_jobs.sql.compiled import compile_statement
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -69,13 +69,13 @@ class PruneSQL:
 
     def __init__(self, schema: str | None) -> None:
         self.schema = schema
-        self.prune_jobs = compile_statement(statements.prune_jobs(), schema)
-        self.count_jobs = compile_statement(statements.count_prunable_jobs(), schema)
-        self.prune_history = compile_statement(statements.prune_history(), schema)
-        self.count_history = compile_statement(statements.count_prunable_history(), schema)
-        self.prune_throughput = compile_statement(statements.prune_throughput(), schema)
-        self.try_lock = compile_statement(statements.try_lock_pruner(), schema)
-        self.unlock = compile_statement(statements.unlock_pruner(), schema)
+        self.prune_jobs = compile_statement(maintenance_sql.prune_jobs(), schema)
+        self.count_jobs = compile_statement(maintenance_sql.count_prunable_jobs(), schema)
+        self.prune_history = compile_statement(maintenance_sql.prune_history(), schema)
+        self.count_history = compile_statement(maintenance_sql.count_prunable_history(), schema)
+        self.prune_throughput = compile_statement(maintenance_sql.prune_throughput(), schema)
+        self.try_lock = compile_statement(maintenance_sql.try_lock_pruner(), schema)
+        self.unlock = compile_statement(maintenance_sql.unlock_pruner(), schema)
 
 
 def _us(keep: timedelta) -> int:

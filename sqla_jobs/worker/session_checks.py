@@ -16,7 +16,8 @@ from sqlalchemy.pool import NullPool
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.errors import ConfigurationError
 from sqla_jobs.kinds import Kind
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import catalog as catalog_sql
+from sqla_jobs.sql import tables as tables_sql
 from sqla_jobs.worker.session_runs import SessionRuns
 
 
@@ -49,9 +50,9 @@ async def _check_async(runs: SessionRuns) -> None:
 
 
 def _privileges(runs: SessionRuns) -> tuple[Any, dict[str, str]]:
-    return statements.completion_privileges(), {
-        "job_table": statements.job_table_name(runs.schema),
-        "history_table": statements.history_table_name(runs.schema),
+    return catalog_sql.completion_privileges(), {
+        "job_table": tables_sql.job_table_name(runs.schema),
+        "history_table": tables_sql.history_table_name(runs.schema),
     }
 
 
@@ -81,11 +82,11 @@ def _foreign_keys(runs: SessionRuns) -> tuple[bool, bool]:
     waits for the commit (``INITIALLY DEFERRED``)."""
     # Catalog only, on a connection of its own: the application's maker may be async.
     engine = create_engine(sqlalchemy_url(runs.url), poolclass=NullPool)
-    table = {"job_table": statements.job_table_name(runs.schema)}
+    table = {"job_table": tables_sql.job_table_name(runs.schema)}
     try:
         with engine.connect() as conn:
-            blocking = conn.execute(statements.blocking_foreign_keys(), table).scalar_one()
-            deferred = conn.execute(statements.deferred_job_triggers(), table).scalar_one()
+            blocking = conn.execute(catalog_sql.blocking_foreign_keys(), table).scalar_one()
+            deferred = conn.execute(catalog_sql.deferred_job_triggers(), table).scalar_one()
             return bool(blocking), bool(deferred)
     finally:
         engine.dispose()

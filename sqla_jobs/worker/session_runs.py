@@ -38,11 +38,12 @@ from sqla_jobs.context import ClaimedJob, JobContext
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.errors import ConfigurationError, LeaseLostError
 from sqla_jobs.kinds import Kind
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import catalog as catalog_sql
+from sqla_jobs.sql import outcomes as outcomes_sql
 
 log = logging.getLogger("sqla_jobs.worker")
 
-_IMMEDIATE = text(statements.IMMEDIATE_CONSTRAINTS)
+_IMMEDIATE = text(catalog_sql.IMMEDIATE_CONSTRAINTS)
 
 #: What ``Worker(sessionmaker=...)`` accepts.
 AnyMaker = sessionmaker[Session] | async_sessionmaker[AsyncSession] | Engine | AsyncEngine
@@ -92,9 +93,9 @@ class SessionRuns:
             {} if schema is None else {"schema_translate_map": {None: schema}}
         )
         self._complete = (
-            statements.complete_into_history() if keep_history else statements.complete()
+            outcomes_sql.complete_into_history() if keep_history else outcomes_sql.complete()
         )
-        self._keep = statements.keep_completed_in_session()
+        self._keep = outcomes_sql.keep_completed_in_session()
         #: Whether a foreign key may refuse the DELETE (then it runs in a savepoint).
         self.savepoint = False
         #: Whether such a key is checked only at commit: then checked at the DELETE instead, so

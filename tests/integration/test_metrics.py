@@ -32,7 +32,7 @@ from sqla_jobs import (
     Worker,
 )
 from sqla_jobs.observe.metrics import Metrics
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import metrics as metrics_sql
 from sqla_jobs.worker import health as _health
 from tests._waiting import wait_until
 from tests.integration._workers import running_workers
@@ -597,7 +597,7 @@ def test_the_queue_sample_reads_no_job_scheduled_for_later(quiet: Engine) -> Non
     with quiet.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text("VACUUM ANALYZE sqla_jobs_job"))
         sql = str(
-            statements.sample_queues().compile(
+            metrics_sql.sample_queues().compile(
                 dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}
             )
         )

@@ -21,7 +21,7 @@ from sqlalchemy import Engine
 from sqla_jobs import Backoff
 from sqla_jobs.context import ClaimedJob
 from sqla_jobs.db.urls import libpq_conninfo
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import claim as claim_sql
 from sqla_jobs.sql.compiled import WorkerSQL
 
 SQL = WorkerSQL(None)
@@ -372,7 +372,7 @@ def test_reaping_leaves_live_leases_alone(conn: Conn) -> None:
 
 
 def test_claim_returns_the_columns_in_the_order_the_worker_unpacks_them() -> None:
-    for stmt in (statements.claim(), statements.claim_keyed()):
+    for stmt in (claim_sql.claim(), claim_sql.claim_keyed()):
         assert [c.name for c in stmt.selected_columns] == list(ClaimedJob._fields)
 
 

@@ -18,7 +18,7 @@ import sqla_jobs
 from sqla_jobs import migrate
 from sqla_jobs.cli.entry import main
 from sqla_jobs.db.urls import sqlalchemy_url
-from sqla_jobs.sql import statements
+from sqla_jobs.sql import catalog as catalog_sql
 from tests._waiting import wait_until
 from tests.migrations._catalog import (
     OWN_VERSIONS,
@@ -273,7 +273,7 @@ def test_a_migrate_waits_for_one_already_running_on_the_schema_then_finds_its_wo
     engine = create_engine(sqlalchemy_url(scratch_url), poolclass=NullPool)
     try:
         with engine.connect() as holder:
-            holder.execute(statements.lock_migrations(), {"schema_name": None})
+            holder.execute(catalog_sql.lock_migrations(), {"schema_name": None})
             waiting = subprocess.Popen(
                 [sys.executable, "-m", "sqla_jobs.cli", "migrate", "--database-url", scratch_url],
                 stdout=subprocess.PIPE,

@@ -1,0 +1,202 @@
+"""What the metrics read and write: the queue sampler's lock and sample, and the per-minute
+throughput counts workers add to and the dashboard reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    ColumnElement,
+    Float,
+    Insert,
+    Integer,
+    Select,
+    Text,
+    bindparam,
+    cast,
+    column,
+    func,
+    literal_column,
+    null,
+    or_,
+    select,
+    true,
+    tuple_,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from sqla_jobs.sql.tables import (
+    ADVISORY_NAMESPACE,
+    CANCELLED,
+    COMPLETED,
+    DEAD,
+    PENDING,
+    RUNNING,
+    job,
+    throughput,
+)
+
+__all__ = [
+    "SAMPLE_LOCK_NAME",
+    "THROUGHPUT_COUNTS",
+    "read_throughput",
+    "record_throughput",
+    "sample_queues",
+    "try_lock_sampler",
+]
+
+
+#: The name of the sampler's advisory lock (with the schema): one worker samples the queues.
+SAMPLE_LOCK_NAME = "sqla_jobs.sample"
+
+
+def try_lock_sampler() -> Select[tuple[bool]]:
+    """Try to become the one queue sampler of the queue table in ``schema_name``: a
+    *session-level* advisory lock (:data:`ADVISORY_NAMESPACE`,
+    ``hashtext('sqla_jobs.sample:' || schema_name)``), never waited for; true if this session
+    holds it now. The sampler keeps it for as long as its connection lives (no transaction, no
+    snapshot); the session's end releases it, and another worker's next try takes it."""
+    schema = func.coalesce(bindparam("schema_name", type_=Text), literal_column("''"))
+    name: ColumnElement[str] = literal_column(f"'{SAMPLE_LOCK_NAME}:'") + schema
+    return select(
+        func.pg_try_advisory_lock(literal_column(str(ADVISORY_NAMESPACE)), func.hashtext(name))
+    )
+
+
+def sample_queues() -> Any:
+    """The queues' depth for the metrics: rows of (queue, state, jobs, oldest due age in seconds).
+
+    ``due`` rows count the pending jobs whose ``run_at`` has passed, with the age of the oldest
+    (one row per queue from the unkeyed jobs and one from the keyed jobs: add them up); ``running``,
+    ``dead``, ``cancelled`` and ``completed`` rows count those states (no age). Jobs not yet due
+    are never read: with millions of jobs scheduled for later, counting them would read every
+    one of them at every sample.
+
+    Unkeyed due jobs are found by a loose index scan of ``sqla_jobs_job_claim_idx`` (queue,
+    priority, run_at): a recursive CTE steps from one (queue, priority) to the next by one index
+    probe each, and under each reads only the index entries already due; the cost is one probe per
+    (queue, priority) plus the due jobs, whatever the number of jobs scheduled later. Keyed
+    pending jobs are read from ``sqla_jobs_job_keyed_idx`` (all of them: keys are too many to
+    step over), running jobs from ``sqla_jobs_job_running_idx`` and finished ones from
+    ``sqla_jobs_job_finished_idx``, each partial and holding only its rows. A plain read: no locks.
+    """
+    unkeyed = (job.c.state == PENDING, job.c.concurrency_key.is_(None))
+    order = (job.c.queue, job.c.priority)
+    first = select(job.c.queue, job.c.priority).where(*unkeyed).order_by(*order).limit(1)
+    heads = first.cte("heads", recursive=True)
+    after = (
+        select(job.c.queue, job.c.priority)
+        .where(
+            *unkeyed, tuple_(job.c.queue, job.c.priority) > tuple_(heads.c.queue, heads.c.priority)
+        )
+        .order_by(*order)
+        .limit(1)
+        .lateral("next")
+    )
+    heads = heads.union_all(
+        select(after.c.queue, after.c.priority).select_from(heads).join(after, true())
+    )
+    due_now = job.c.run_at <= func.now()
+    under = (
+        select(func.count().label("jobs"), func.min(job.c.run_at).label("oldest"))
+        .where(*unkeyed, job.c.queue == heads.c.queue, job.c.priority == heads.c.priority, due_now)
+        .lateral("under")
+    )
+    age = func.date_part(literal_column("'epoch'"), func.now() - func.min(under.c.oldest))
+    due_unkeyed = (
+        select(
+            heads.c.queue,
+            literal_column("'due'").label("state"),
+            cast(func.sum(under.c.jobs), BigInteger).label("jobs"),
+            age.label("oldest_due"),
+        )
+        .select_from(heads)
+        .join(under, true())
+        .group_by(heads.c.queue)
+    )
+    keyed_age = func.date_part(
+        literal_column("'epoch'"), func.now() - func.min(job.c.run_at).filter(due_now)
+    )
+    due_keyed = (
+        select(job.c.queue, literal_column("'due'"), func.count().filter(due_now), keyed_age)
+        .where(job.c.state == PENDING, job.c.concurrency_key.is_not(None))
+        .group_by(job.c.queue)
+    )
+    running = (
+        select(job.c.queue, literal_column("'running'"), func.count(), null())
+        .where(job.c.state == RUNNING)
+        .group_by(job.c.queue)
+    )
+    finished = (
+        select(job.c.queue, job.c.state, func.count(), null())
+        .where(job.c.state.in_([COMPLETED, DEAD, CANCELLED]))
+        .group_by(job.c.queue, job.c.state)
+    )
+    return due_unkeyed.union_all(due_keyed, running, finished)
+
+
+#: The counted columns of ``sqla_jobs_throughput``, in the order :func:`record_throughput` takes
+#: their arrays (``queues``, ``kinds``, then one array per name, each ``<name>s`` but the sums).
+THROUGHPUT_COUNTS = (
+    "completed",
+    "failed",
+    "dead",
+    "cancelled",
+    "snoozed",
+    "crashed",
+    "runs",
+    "run_seconds",
+    "pickups",
+    "pickup_seconds",
+)
+
+
+def record_throughput() -> Insert:
+    """Add a worker's counts to the current minute's rows (by the database's clock), one per
+    queue and kind: arrays ``queues``, ``kinds`` and one per :data:`THROUGHPUT_COUNTS` name.
+    Rows are written in (queue, kind) order, so that two workers adding to the same minute wait
+    for each other in one order, never in a cycle. Locks the rows it writes; a primary-key probe
+    each."""
+    params = (
+        ("queue", Text),
+        ("kind", Text),
+        *((name, Float if name.endswith("_seconds") else BigInteger) for name in THROUGHPUT_COUNTS),
+    )
+    rows = (
+        func.unnest(*(bindparam(f"{name}_", type_=ARRAY(type_)) for name, type_ in params))
+        .table_valued(*(column(name, type_) for name, type_ in params))
+        .render_derived(name="t")
+    )
+    minute = func.date_trunc(literal_column("'minute'"), func.now())
+    src = (
+        select(minute, *(rows.c[name] for name, _ in params))
+        .select_from(rows)
+        .order_by(rows.c.queue, rows.c.kind)
+    )
+    names = ["minute", *(name for name, _ in params)]
+    stmt = pg_insert(throughput).from_select(names, src)
+    return stmt.on_conflict_do_update(
+        index_elements=[throughput.c.minute, throughput.c.queue, throughput.c.kind],
+        set_={name: throughput.c[name] + stmt.excluded[name] for name in THROUGHPUT_COUNTS},
+    )
+
+
+def read_throughput() -> Select[Any]:
+    """The rows of the last ``minutes`` minutes by the database's clock (the current one
+    included), of queue ``queue`` unless it is NULL, oldest first. No locks; served by the
+    primary key (``minute`` leads it)."""
+    since = func.date_trunc(literal_column("'minute'"), func.now()) - (
+        bindparam("minutes", type_=Integer) - literal_column("1")
+    ) * literal_column("interval '1 minute'")
+    wanted = bindparam("queue", type_=Text)
+    return (
+        select(throughput)
+        .where(
+            throughput.c.minute >= since,
+            or_(wanted.is_(None), throughput.c.queue == wanted),
+        )
+        .order_by(throughput.c.minute, throughput.c.queue, throughput.c.kind)
+    )
