@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -21,11 +21,16 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+if TYPE_CHECKING:
+    from sqla_jobs.observe.sampler import Sample
+
 #: The outcomes counted: a run's (as ``on_outcome`` hooks hear them) and ``crashed`` (a job the
 #: reaper found under an expired lease).
 OUTCOMES = ("completed", "failed", "dead", "cancelled", "snoozed", "crashed")
 #: The states whose counts the sampler reports per queue (besides the due pending jobs).
 SAMPLED_STATES = ("running", "dead", "cancelled", "completed")
+#: The other per-queue rows of a sample: 1 for a paused queue, and the jobs not yet due.
+_FLAGS = ("paused", "scheduled")
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 PICKUP_BUCKETS = (
     0.001,
@@ -145,24 +150,24 @@ class QueueCollector(Collector):
 
     def __init__(self, interval: float) -> None:
         self._interval = interval
-        #: The rows of the latest sample and when it was taken (one attribute: one store).
-        self._sample: tuple[list[tuple[Any, ...]] | None, float] = (None, 0.0)
+        #: The latest sample and when it was taken (one attribute: one store).
+        self._sample: tuple[Sample | None, float] = (None, 0.0)
         #: The sampling worker's own queues: shown (at 0) even when they hold no job.
         self.own_queues: tuple[str, ...] = ()
 
-    def sampled(self, rows: list[tuple[Any, ...]] | None) -> None:
+    def sampled(self, sample: Sample | None) -> None:
         """A new sample (None: this worker is not the sampler now). From the sampler thread."""
-        self._sample = (rows, time.monotonic())
+        self._sample = (sample, time.monotonic())
 
     def describe(self) -> list[Metric]:
         return list(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        rows, at = self._sample
-        fresh = rows is not None and time.monotonic() - at < 3 * self._interval + 5
-        yield from self._families(rows if fresh else None)
+        sample, at = self._sample
+        fresh = sample is not None and time.monotonic() - at < 3 * self._interval + 5
+        yield from self._families(sample if fresh else None)
 
-    def _families(self, rows: list[tuple[Any, ...]] | None = None) -> Iterator[Metric]:
+    def _families(self, sample: Sample | None = None) -> Iterator[Metric]:
         elected = GaugeMetricFamily(
             "sqla_jobs_sampler_elected",
             "1 on the one worker that samples the queues (the depth gauges are its alone)",
@@ -182,10 +187,29 @@ class QueueCollector(Collector):
             "Jobs by state (running, dead, cancelled, completed), sampled",
             labels=("queue", "state"),
         )
-        elected.add_metric((), 1.0 if rows is not None else 0.0)
-        if rows is not None:
-            _add_sample(rows, self.own_queues, due, oldest, depth)
-        yield from (elected, due, oldest, depth)
+        paused = GaugeMetricFamily(
+            "sqla_jobs_queue_paused",
+            "1 while an operator has the queue paused (workers claim none of its jobs), else 0",
+            labels=("queue",),
+        )
+        scheduled = GaugeMetricFamily(
+            "sqla_jobs_queue_scheduled_jobs",
+            "Pending jobs not yet due, counted every 5 minutes up to 10,000 per queue (the cap "
+            "bounds the count's cost: at it, there are at least that many)",
+            labels=("queue",),
+        )
+        lag = GaugeMetricFamily(
+            "sqla_jobs_schedule_lag_seconds",
+            "Seconds a periodic schedule's next tick is overdue, by the database's clock (0: on "
+            "time; paused schedules not shown)",
+            labels=("schedule",),
+        )
+        elected.add_metric((), 1.0 if sample is not None else 0.0)
+        if sample is not None:
+            _add_sample(sample.queues, self.own_queues, due, oldest, depth, paused, scheduled)
+            for name, seconds in sample.schedules:
+                lag.add_metric((name,), seconds)
+        yield from (elected, due, oldest, depth, paused, scheduled, lag)
 
 
 def _add_sample(
@@ -194,19 +218,20 @@ def _add_sample(
     due: GaugeMetricFamily,
     oldest: GaugeMetricFamily,
     depth: GaugeMetricFamily,
+    paused: GaugeMetricFamily,
+    scheduled: GaugeMetricFamily,
 ) -> None:
-    queues: dict[str, dict[str, float]] = {
-        q: dict.fromkeys(("due", "oldest", *SAMPLED_STATES), 0.0) for q in own
-    }
+    names = ("due", "oldest", *SAMPLED_STATES, *_FLAGS)
+    queues: dict[str, dict[str, float]] = {q: dict.fromkeys(names, 0.0) for q in own}
     for queue, state, jobs, age in rows:
-        entry = queues.setdefault(
-            str(queue), dict.fromkeys(("due", "oldest", *SAMPLED_STATES), 0.0)
-        )
+        entry = queues.setdefault(str(queue), dict.fromkeys(names, 0.0))
         entry[str(state)] += float(jobs or 0)
         if age is not None:
             entry["oldest"] = max(entry["oldest"], float(age))
     for queue, entry in sorted(queues.items()):
         due.add_metric((queue,), entry["due"])
         oldest.add_metric((queue,), entry["oldest"])
+        paused.add_metric((queue,), entry["paused"])
+        scheduled.add_metric((queue,), entry["scheduled"])
         for state in SAMPLED_STATES:
             depth.add_metric((queue, state), entry[state])

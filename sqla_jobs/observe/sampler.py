@@ -9,15 +9,18 @@ interval of the holder's connection ending (a stop, a crash, a lost network: the
 a session lock when the session ends). A worker that does not hold the lock exposes no depth
 gauges, so summing a gauge over every scraped worker counts each queue once.
 
-A sample is one read (:func:`sqla_jobs.sql.metrics.sample_queues`), which never reads the jobs
-scheduled for later: it stays cheap with millions of them.
+A sample is one read of the queues (:func:`sqla_jobs.sql.metrics.sample_queues`), which never
+reads the jobs scheduled for later, and two of small tables (paused queues, schedules' lag). The
+count of scheduled jobs reads an index entry per job (up to a cap per queue), so it is taken
+every five minutes and its rows are repeated in the samples between.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -29,6 +32,17 @@ log = logging.getLogger("sqla_jobs.worker")
 
 #: A sample's rows: (queue, state, jobs, oldest due age in seconds or None).
 Rows = list[tuple[Any, ...]]
+#: Seconds between two counts of the scheduled jobs: the one read that grows with them (up to
+#: its cap), so its cost is spread thin.
+SCHEDULED_EVERY = 300.0
+
+
+class Sample(NamedTuple):
+    """One interval's reads: the queues' rows (due, by state, ``paused``, ``scheduled``) and each
+    unpaused schedule's (name, seconds its next tick is overdue)."""
+
+    queues: Rows
+    schedules: list[tuple[str, float]]
 
 
 class Sampler(ConnectionThread):
@@ -42,11 +56,17 @@ class Sampler(ConnectionThread):
         connector: Connector,
         schema: str | None,
         interval: float,
-        on_sample: Callable[[Rows | None], None],
+        on_sample: Callable[[Sample | None], None],
     ) -> None:
         super().__init__(connector, "sampler", what="sampler connection", event="sampler_conn_lost")
         self._try_lock = compile_statement(metrics_sql.try_lock_sampler(), schema)
         self._sample = compile_statement(metrics_sql.sample_queues(), schema)
+        self._paused = compile_statement(metrics_sql.sample_paused_queues(), schema)
+        self._lags = compile_statement(metrics_sql.sample_schedule_lags(), schema)
+        self._scheduled = compile_statement(metrics_sql.count_scheduled(), schema)
+        #: The latest count of scheduled jobs, and when it was taken (monotonic; 0: never).
+        self._scheduled_rows: Rows = []
+        self._scheduled_at = 0.0
         self._schema = schema
         self._interval = interval
         self._on_sample = on_sample
@@ -71,8 +91,8 @@ class Sampler(ConnectionThread):
             )
         return self._interval
 
-    def sample_once(self) -> Rows | None:
-        """One interval's work: the rows sampled, or None if another worker is the sampler."""
+    def sample_once(self) -> Sample | None:
+        """One interval's work: the sample, or None if another worker is the sampler."""
         conn = self.connection()
         if not self.elected:
             params = self._try_lock.params(schema_name=self._schema)
@@ -86,14 +106,26 @@ class Sampler(ConnectionThread):
                 )
         if self.elected:
             rows: Rows = conn.execute(self._sample.sql, self._sample.params()).fetchall()
+            rows += conn.execute(self._paused.sql, self._paused.params()).fetchall()
+            now = time.monotonic()
+            if not self._scheduled_at or now - self._scheduled_at >= SCHEDULED_EVERY:
+                self._scheduled_rows = conn.execute(
+                    self._scheduled.sql, self._scheduled.params()
+                ).fetchall()
+                self._scheduled_at = now
+            rows += self._scheduled_rows
+            ticks: Rows = conn.execute(self._lags.sql, self._lags.params()).fetchall()
+            lags = [(str(name), float(lag)) for name, lag in ticks]
+            sample = Sample(rows, lags)
             self.samples += 1
-            self._on_sample(rows)
-            return rows
+            self._on_sample(sample)
+            return sample
         self._on_sample(None)
         return None
 
     def _close(self) -> None:
         # The lock goes with the session: whatever was sampled is no longer this worker's to show.
         self.elected = False
+        self._scheduled_at = 0.0
         self._on_sample(None)
         super()._close()

@@ -36,15 +36,21 @@ from sqla_jobs.sql.tables import (
     PENDING,
     RUNNING,
     job,
+    queue_state,
+    schedule,
     throughput,
 )
 
 __all__ = [
     "SAMPLE_LOCK_NAME",
+    "SCHEDULED_CAP",
     "THROUGHPUT_COUNTS",
+    "count_scheduled",
     "read_throughput",
     "record_throughput",
+    "sample_paused_queues",
     "sample_queues",
+    "sample_schedule_lags",
     "try_lock_sampler",
 ]
 
@@ -66,6 +72,33 @@ def try_lock_sampler() -> Select[tuple[bool]]:
     )
 
 
+#: The pending jobs the claim index holds (the unkeyed ones).
+_UNKEYED = (job.c.state == PENDING, job.c.concurrency_key.is_(None))
+#: How many jobs not yet due :func:`count_scheduled` reads at most per (queue, priority).
+SCHEDULED_CAP = 10_000
+
+
+def _queue_heads() -> Any:
+    """Every (queue, priority) with unkeyed pending jobs, found by a loose index scan of the claim
+    index: one probe each, whatever the number of jobs under it."""
+    order = (job.c.queue, job.c.priority)
+    first = select(job.c.queue, job.c.priority).where(*_UNKEYED).order_by(*order).limit(1)
+    heads = first.cte("heads", recursive=True)
+    after = (
+        select(job.c.queue, job.c.priority)
+        .where(
+            *_UNKEYED,
+            tuple_(job.c.queue, job.c.priority) > tuple_(heads.c.queue, heads.c.priority),
+        )
+        .order_by(*order)
+        .limit(1)
+        .lateral("next")
+    )
+    return heads.union_all(
+        select(after.c.queue, after.c.priority).select_from(heads).join(after, true())
+    )
+
+
 def sample_queues() -> Any:
     """The queues' depth for the metrics: rows of (queue, state, jobs, oldest due age in seconds).
 
@@ -83,26 +116,11 @@ def sample_queues() -> Any:
     step over), running jobs from ``sqla_jobs_job_running_idx`` and finished ones from
     ``sqla_jobs_job_finished_idx``, each partial and holding only its rows. A plain read: no locks.
     """
-    unkeyed = (job.c.state == PENDING, job.c.concurrency_key.is_(None))
-    order = (job.c.queue, job.c.priority)
-    first = select(job.c.queue, job.c.priority).where(*unkeyed).order_by(*order).limit(1)
-    heads = first.cte("heads", recursive=True)
-    after = (
-        select(job.c.queue, job.c.priority)
-        .where(
-            *unkeyed, tuple_(job.c.queue, job.c.priority) > tuple_(heads.c.queue, heads.c.priority)
-        )
-        .order_by(*order)
-        .limit(1)
-        .lateral("next")
-    )
-    heads = heads.union_all(
-        select(after.c.queue, after.c.priority).select_from(heads).join(after, true())
-    )
+    heads = _queue_heads()
     due_now = job.c.run_at <= func.now()
     under = (
         select(func.count().label("jobs"), func.min(job.c.run_at).label("oldest"))
-        .where(*unkeyed, job.c.queue == heads.c.queue, job.c.priority == heads.c.priority, due_now)
+        .where(*_UNKEYED, job.c.queue == heads.c.queue, job.c.priority == heads.c.priority, due_now)
         .lateral("under")
     )
     age = func.date_part(literal_column("'epoch'"), func.now() - func.min(under.c.oldest))
@@ -136,6 +154,62 @@ def sample_queues() -> Any:
         .group_by(job.c.queue, job.c.state)
     )
     return due_unkeyed.union_all(due_keyed, running, finished)
+
+
+def sample_paused_queues() -> Select[Any]:
+    """Rows of (queue, ``'paused'``, 1, NULL), one per paused queue, in :func:`sample_queues`'
+    shape. A plain read of ``sqla_jobs_queue``, which holds a row per queue an operator touched."""
+    return select(
+        queue_state.c.queue, literal_column("'paused'"), literal_column("1"), null()
+    ).where(queue_state.c.paused_at.is_not(None))
+
+
+def count_scheduled() -> Any:
+    """Rows of (queue, ``'scheduled'``, jobs, NULL): pending jobs not yet due, by queue, in
+    :func:`sample_queues`' shape, counted up to :data:`SCHEDULED_CAP` per queue: a count reads
+    an index entry per job, so the cap bounds its cost whatever the backlog (a queue at the cap
+    has at least that many). Unkeyed jobs: under each (queue, priority) of the loose index scan,
+    the claim index's entries past ``now()``, at most the cap; keyed jobs: the keyed index, as
+    :func:`sample_queues` reads it. No locks."""
+    heads = _queue_heads()
+    later = job.c.run_at > func.now()
+    capped = (
+        select(literal_column("1"))
+        .where(*_UNKEYED, job.c.queue == heads.c.queue, job.c.priority == heads.c.priority, later)
+        .limit(SCHEDULED_CAP)
+        .correlate(heads)
+        .lateral("capped")
+    )
+    under = select(func.count().label("jobs")).select_from(capped).lateral("under")
+    unkeyed = (
+        select(
+            heads.c.queue,
+            literal_column("'scheduled'").label("state"),
+            func.least(cast(func.sum(under.c.jobs), BigInteger), SCHEDULED_CAP).label("jobs"),
+            null(),
+        )
+        .select_from(heads)
+        .join(under, true())
+        .group_by(heads.c.queue)
+    )
+    keyed = (
+        select(job.c.queue, literal_column("'scheduled'"), func.count().filter(later), null())
+        .where(job.c.state == PENDING, job.c.concurrency_key.is_not(None))
+        .group_by(job.c.queue)
+    )
+    return unkeyed.union_all(keyed)
+
+
+def sample_schedule_lags() -> Select[Any]:
+    """Rows of (schedule name, seconds its next tick is overdue by the database's clock, 0 when
+    on time) for every schedule not paused. A plain read of ``sqla_jobs_schedule`` (one row per
+    schedule): a scheduler that stopped ticking shows here as a lag that grows."""
+    overdue = func.date_part(literal_column("'epoch'"), func.now() - schedule.c.next_tick_at)
+    return (
+        select(schedule.c.name, func.greatest(overdue, literal_column("0")).label("lag"))
+        .where(schedule.c.paused_at.is_(None), schedule.c.next_tick_at.is_not(None))
+        .order_by(schedule.c.name)
+    )
 
 
 #: The counted columns of ``sqla_jobs_throughput``, in the order :func:`record_throughput` takes

@@ -162,9 +162,9 @@ def states(engine: Engine, ids: list[int]) -> list[str]:
 
 @pytest.fixture
 def quiet(clean: Engine) -> Engine:
-    """The engine, with empty queue tables and no registered worker."""
+    """The engine, with empty queue and schedule tables and no registered worker."""
     with clean.begin() as conn:
-        conn.execute(text("TRUNCATE sqla_jobs_worker, sqla_jobs_queue"))
+        conn.execute(text("TRUNCATE sqla_jobs_worker, sqla_jobs_queue, sqla_jobs_schedule"))
     return clean
 
 
@@ -344,6 +344,20 @@ def test_one_elected_worker_shows_the_queue_gauges_and_another_takes_over_when_i
             text("UPDATE sqla_jobs_job SET state = 'dead', finished_at = now() WHERE id = :id"),
             {"id": dead},
         )
+        # A paused queue, and two schedules: one on time, one whose tick is 30 s overdue.
+        conn.execute(
+            text(
+                "INSERT INTO sqla_jobs_queue (queue, paused_at) VALUES ('parked', now()) "
+                "ON CONFLICT (queue) DO UPDATE SET paused_at = now()"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO sqla_jobs_schedule (name, kind, spec, next_tick_at) VALUES "
+                "('late', 'task', 'every 60s', now() - interval '30 seconds'), "
+                "('prompt', 'task', 'every 60s', now() + interval '30 seconds')"
+            )
+        )
     first, second = Metrics(port=0, sample_interval=0.1), Metrics(port=0, sample_interval=0.1)
     with (
         running_workers(jobs, migrated_url, **fast(first)) as [one],
@@ -371,6 +385,15 @@ def test_one_elected_worker_shows_the_queue_gauges_and_another_takes_over_when_i
         assert 20 <= oldest < 40
         # The workers' own queues are shown at 0.
         assert value(samples, "sqla_jobs_queue_due_jobs", queue="m1") == 0
+        # Paused or not, the jobs scheduled for later (counted apart), and the schedules' lag.
+        assert value(samples, "sqla_jobs_queue_paused", queue="parked") == 1
+        assert value(samples, "sqla_jobs_queue_paused", queue="m1") == 0
+        assert value(samples, "sqla_jobs_queue_scheduled_jobs", queue="parked") == 2
+        assert value(samples, "sqla_jobs_queue_scheduled_jobs", queue="m1") == 0
+        late = value(samples, "sqla_jobs_schedule_lag_seconds", schedule="late")
+        assert late is not None
+        assert 30 <= late < 60
+        assert value(samples, "sqla_jobs_schedule_lag_seconds", schedule="prompt") == 0
         other = second if sampler is first else first
         others = scrape(other)
         assert value(others, "sqla_jobs_sampler_elected") == 0
