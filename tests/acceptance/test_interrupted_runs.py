@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,9 +111,10 @@ class Run:
 def start_run(tmp_path: Path) -> Iterator[Callable[[list[str]], Run]]:
     """Start a command running the generated test (``{holder}`` in it stands for pytest's
     arguments); at the end, kill whatever of the run is left, servers included."""
-    tmp = tmp_path.resolve() / "tmp"
+    # Not under tmp_path: as root the server runs as another user, which must traverse the path,
+    # and pytest keeps its own base directory private (0700).
+    tmp = Path(tempfile.mkdtemp(prefix="sqla-jobs-interrupted-")).resolve()
     markers = tmp_path / "markers"
-    tmp.mkdir()
     markers.mkdir()
     (tmp_path / "test_holder.py").write_text(HOLDER)
     # The repository's conftest (the server fixtures, the SIGTERM hook) as a plugin.
@@ -149,10 +151,13 @@ def start_run(tmp_path: Path) -> Iterator[Callable[[list[str]], Run]]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(run.proc.pid, signal.SIGKILL)
             run.proc.wait(10)
+        # A server the run left behind (the test failed): a fast shutdown, then SIGKILL.
         left = servers(tmp)
         for proc in left:
+            proc.send_signal(signal.SIGINT)
+        for proc in psutil.wait_procs(left, timeout=10)[1]:
             proc.kill()
-        psutil.wait_procs(left, timeout=10)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 PYTEST = [sys.executable, "-m", "pytest", "{holder}"]
