@@ -1,14 +1,17 @@
 """Developer and CI entry points. CI (.ci/run) calls exactly these sessions.
 
 nox -s tests       the test suite on this interpreter at the newest dependencies (DATABASE_URL,
-                   else an embedded PostgreSQL); --force-python 3.12 runs it on another one
+                   else an embedded PostgreSQL); --force-python 3.12 runs it on another one.
+                   In parallel processes (pytest-xdist, each with its own database; with no
+                   DATABASE_URL each starts its own embedded server); `-- -n 0` runs it in one
+nox -s quick       the edit-test loop: unit and integration tests, in parallel, in about a minute
 nox -s tests_lowest  the suite on the oldest declared Python (3.10) at the lowest release of
                    every direct dependency that pyproject.toml allows (uv --resolution lowest-direct)
 nox -s lint        ruff check + ruff format --check
 nox -s typecheck   mypy --strict on the package, and the typing cases (tests/typing)
 nox -s demo        the guided demo, python -m demo (embedded PostgreSQL unless DATABASE_URL is set)
 nox -s bench       the benchmark suite (writes bench/results/)
-nox -s chaos       the reliability suite at full size; regenerates RELIABILITY.md
+nox -s chaos       the reliability suite at full size, serial; regenerates RELIABILITY.md
 nox -s examples    the example application's tests (examples/shop; DATABASE_URL, else embedded)
 nox -s docs        the documentation site, built strictly into docs/_build/html
 nox -s browser     the dashboard in a real browser (Debian's chromium and chromium-driver);
@@ -37,13 +40,28 @@ nox.options.error_on_missing_interpreters = False
 PYTHON = ["3.10", "3.11", "3.12", "3.13"]
 #: The extras whose floors tests_lowest checks with the test suite's own.
 LOWEST_EXTRAS = "test,metrics,otel,embedded"
+#: pytest-xdist's processes. The tests wait on real time (leases, polls, killed processes) far more
+#: than they compute, so more processes than cores pay. Posargs come after, so `-- -n 0` wins.
+#: loadgroup: tests share the load, except those marked xdist_group(name), which run in one process.
+PARALLEL = ("-n", "6", "--dist", "loadgroup")
+#: The quick session: no worker processes of their own, no browser, no packaging builds.
+QUICK = ("tests/unit", "tests/integration")
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite against a real PostgreSQL, at the newest dependencies."""
     session.install("-e", ".[test]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PARALLEL, *session.posargs)
+
+
+@nox.session
+def quick(session: nox.Session) -> None:
+    """The edit-test loop: the unit and integration tests, in parallel (DATABASE_URL, else an
+    embedded PostgreSQL). The acceptance, migration, reliability and packaging tests are left to
+    nox -s tests."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *PARALLEL, *QUICK, *session.posargs)
 
 
 @nox.session(python=PYTHON[0])
@@ -65,7 +83,7 @@ def tests_lowest(session: nox.Session) -> None:
         f".[{LOWEST_EXTRAS}]",
     )
     session.run("python", "-m", "pip", "list", "--format=freeze")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PARALLEL, *session.posargs)
 
 
 @nox.session
@@ -105,7 +123,8 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def chaos(session: nox.Session) -> None:
-    """The reliability suite at full size; regenerates RELIABILITY.md from its figures."""
+    """The reliability suite at full size; regenerates RELIABILITY.md from its figures. Serial
+    (no -n): its figures are published, and parallel neighbours' load would skew them."""
     session.install("-e", ".[test]")
     figures = f"{session.create_tmp()}/figures.jsonl"
     session.run("rm", "-f", figures, external=True)
