@@ -17,12 +17,13 @@ nox -s docs        the documentation site, built strictly into docs/_build/html
 nox -s browser     the dashboard in a real browser (Debian's chromium and chromium-driver);
                    SQLA_JOBS_SCREENSHOTS=1 also rewrites the screenshots in docs/
 
-CI covers every declared Python with the whole suite. A suite waits on real time (leases, polls,
-killed processes) far more than it computes, so .ci/run runs two at once, each on its own server,
-the machine's PostgreSQL 15 on the left and an embedded PostgreSQL 18 on the right:
+CI covers every declared Python with the whole suite, one suite at a time, each in parallel
+processes (the tests session's -n), on the machine's PostgreSQL 15 or an embedded PostgreSQL 18:
 
-    tests --force-python 3.11   (newest dependencies)  |  tests --force-python 3.13
-    tests_lowest                (3.10, the floors)     |  tests --force-python 3.12
+    tests --force-python 3.11   (newest dependencies)   machine's PostgreSQL 15
+    tests --force-python 3.13   (newest dependencies)   embedded PostgreSQL 18
+    tests_lowest                (3.10, the floors)      machine's PostgreSQL 15
+    tests --force-python 3.12   (newest dependencies)   embedded PostgreSQL 18
 
 then examples, browser, lint, typecheck and docs, one at a time.
 """
