@@ -4,7 +4,7 @@ nox -s tests       the test suite on this interpreter at the newest dependencies
                    else an embedded PostgreSQL); --force-python 3.12 runs it on another one.
                    In parallel processes (pytest-xdist, each with its own database; with no
                    DATABASE_URL each starts its own embedded server); `-- -n 0` runs it in one
-nox -s quick       the edit-test loop: unit and integration tests, in parallel, in about a minute
+nox -s quick       the edit-test loop: unit and integration tests, in parallel
 nox -s tests_lowest  the suite on the oldest declared Python (3.10) at the lowest release of
                    every direct dependency that pyproject.toml allows (uv --resolution lowest-direct)
 nox -s lint        ruff check + ruff format --check
