@@ -1,25 +1,29 @@
 """Developer and CI entry points. CI (.ci/run) calls exactly these sessions.
 
 nox -s tests       the test suite on this interpreter at the newest dependencies (DATABASE_URL,
-                   else an embedded PostgreSQL); --force-python 3.12 runs it on another one
+                   else an embedded PostgreSQL); --force-python 3.12 runs it on another one.
+                   In parallel processes (pytest-xdist, each with its own database; with no
+                   DATABASE_URL each starts its own embedded server); `-- -n 0` runs it in one
+nox -s quick       the edit-test loop: unit and integration tests, in parallel
 nox -s tests_lowest  the suite on the oldest declared Python (3.10) at the lowest release of
                    every direct dependency that pyproject.toml allows (uv --resolution lowest-direct)
 nox -s lint        ruff check + ruff format --check
 nox -s typecheck   mypy --strict on the package, and the typing cases (tests/typing)
 nox -s demo        the guided demo, python -m demo (embedded PostgreSQL unless DATABASE_URL is set)
 nox -s bench       the benchmark suite (writes bench/results/)
-nox -s chaos       the reliability suite at full size; regenerates RELIABILITY.md
+nox -s chaos       the reliability suite at full size, serial; regenerates RELIABILITY.md
 nox -s examples    the example application's tests (examples/shop; DATABASE_URL, else embedded)
 nox -s docs        the documentation site, built strictly into docs/_build/html
 nox -s browser     the dashboard in a real browser (Debian's chromium and chromium-driver);
                    SQLA_JOBS_SCREENSHOTS=1 also rewrites the screenshots in docs/
 
-CI covers every declared Python with the whole suite. A suite waits on real time (leases, polls,
-killed processes) far more than it computes, so .ci/run runs two at once, each on its own server,
-the machine's PostgreSQL 15 on the left and an embedded PostgreSQL 18 on the right:
+CI covers every declared Python with the whole suite, one suite at a time, each in parallel
+processes (the tests session's -n), on the machine's PostgreSQL 15 or an embedded PostgreSQL 18:
 
-    tests --force-python 3.11   (newest dependencies)  |  tests --force-python 3.13
-    tests_lowest                (3.10, the floors)     |  tests --force-python 3.12
+    tests --force-python 3.11   (newest dependencies)   machine's PostgreSQL 15
+    tests --force-python 3.13   (newest dependencies)   embedded PostgreSQL 18
+    tests_lowest                (3.10, the floors)      machine's PostgreSQL 15
+    tests --force-python 3.12   (newest dependencies)   embedded PostgreSQL 18
 
 then examples, browser, lint, typecheck and docs, one at a time.
 """
@@ -49,13 +53,28 @@ signal.signal(signal.SIGTERM, _interrupt)
 PYTHON = ["3.10", "3.11", "3.12", "3.13"]
 #: The extras whose floors tests_lowest checks with the test suite's own.
 LOWEST_EXTRAS = "test,metrics,otel,embedded"
+#: pytest-xdist's processes. The tests wait on real time (leases, polls, killed processes) far more
+#: than they compute, so more processes than cores pay. Posargs come after, so `-- -n 0` wins.
+#: loadgroup: tests share the load, except those marked xdist_group(name), which run in one process.
+PARALLEL = ("-n", "6", "--dist", "loadgroup")
+#: The quick session: no worker processes of their own, no browser, no packaging builds.
+QUICK = ("tests/unit", "tests/integration")
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Run the test suite against a real PostgreSQL, at the newest dependencies."""
     session.install("-e", ".[test]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PARALLEL, *session.posargs)
+
+
+@nox.session
+def quick(session: nox.Session) -> None:
+    """The edit-test loop: the unit and integration tests, in parallel (DATABASE_URL, else an
+    embedded PostgreSQL). The acceptance, migration, reliability and packaging tests are left to
+    nox -s tests."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *PARALLEL, *QUICK, *session.posargs)
 
 
 @nox.session(python=PYTHON[0])
@@ -77,7 +96,7 @@ def tests_lowest(session: nox.Session) -> None:
         f".[{LOWEST_EXTRAS}]",
     )
     session.run("python", "-m", "pip", "list", "--format=freeze")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PARALLEL, *session.posargs)
 
 
 @nox.session
@@ -117,7 +136,8 @@ def docs(session: nox.Session) -> None:
 
 @nox.session
 def chaos(session: nox.Session) -> None:
-    """The reliability suite at full size; regenerates RELIABILITY.md from its figures."""
+    """The reliability suite at full size; regenerates RELIABILITY.md from its figures. Serial
+    (no -n): its figures are published, and parallel neighbours' load would skew them."""
     session.install("-e", ".[test]")
     figures = f"{session.create_tmp()}/figures.jsonl"
     session.run("rm", "-f", figures, external=True)

@@ -156,7 +156,7 @@ def test_pause_holds_a_schedule_and_resume_lets_it_tick_again(
     ((name, kind, spec, _last, paused_at, _seen),) = schedule_rows(fresh)
     assert (name, kind, spec) == DECLARED[1]
     assert paused_at is not None
-    assert abs(datetime.now(UTC) - paused_at) < timedelta(seconds=DEADLINE)
+    assert abs(datetime.now(UTC) - paused_at) < timedelta(seconds=15)
     assert cli(migrated_url, "schedules", "pause", APP, SWEEP).returncode == 0
     assert schedule_rows(fresh)[0][4] == paused_at, "a second pause keeps the first time"
 

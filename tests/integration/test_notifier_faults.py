@@ -22,7 +22,7 @@ from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.enqueue import notifier as _notifier
 from sqla_jobs.enqueue.notifier import Notifier
 
-from ._listening import Heard
+from ._listening import ARRIVES, Heard
 from ._workers import wait_until
 
 CHANNEL = Jobs().channel
@@ -68,10 +68,10 @@ def test_descriptors_past_1024_do_not_stop_the_wakeups(
             held.append(os.open(os.devnull, os.O_RDONLY))
         notifier = start(libpq_conninfo(migrated_url))
         notifier.send([(CHANNEL, "high")])
-        assert heard.within(5) == ["high"]
+        assert heard.within(ARRIVES) == ["high"]
         time.sleep(0.1)  # the thread waits idle, on its connection's descriptor too
         notifier.send([(CHANNEL, "again")])
-        assert heard.within(5) == ["again"]
+        assert heard.within(ARRIVES) == ["again"]
         assert notifier.is_alive()
     finally:
         for fd in held:
@@ -121,7 +121,7 @@ def test_a_statement_the_server_refuses_keeps_the_connection_and_is_logged_once(
         assert events(caplog, "notifier_failed") == 1
         grant()
         notifier.send([(CHANNEL, "granted")])
-        assert heard.within(5) == ["granted"]
+        assert heard.within(ARRIVES) == ["granted"]
         assert notifier.flush(5)
         assert notifier.connects == 1
         assert events(caplog, "notifier_back") == 1
@@ -147,13 +147,13 @@ def test_an_unforeseen_error_in_the_thread_does_not_end_the_wakeups(
     notifier = start(libpq_conninfo(migrated_url))
     with caplog.at_level(logging.WARNING, logger="sqla_jobs.enqueue.insert"):
         notifier.send([(CHANNEL, "first")])
-        assert heard.within(5) == ["first"]
+        assert heard.within(ARRIVES) == ["first"]
         assert raised
         # The thread dropped its connection and sends the interrupted batch again on its next
         # one (a wakeup twice costs a claim that finds nothing), then what follows.
         wait_until(lambda: notifier.connects == 2, what="reconnected")
         notifier.send([(CHANNEL, "second")])
-        got = heard.within(5)
+        got = heard.within(ARRIVES)
         while "second" not in got and (more := heard.within(2)):
             got += more
         assert set(got) == {"first", "second"}, got
@@ -179,7 +179,7 @@ def test_a_statement_left_unanswered_counts_as_a_lost_connection(
     monkeypatch.setattr(Notifier, "_statement", stall_once)
     notifier = start(libpq_conninfo(migrated_url))
     notifier.send([(CHANNEL, "late")])
-    assert heard.within(5) == ["late"]
+    assert heard.within(ARRIVES) == ["late"]
     assert stalled
     assert notifier.connects == 2
 

@@ -221,7 +221,8 @@ def test_only_one_of_two_pruners_prunes_at_a_time(conn: Conn, migrated_url: str)
         assert first.prune_once() == {**ran, "dead": 0}
         # A run releases the lock it took: nobody holds it now.
         assert conn.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
         ).fetchone() == (0,)
     finally:
         first._close()

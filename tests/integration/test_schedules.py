@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -418,11 +419,12 @@ def test_a_worker_refuses_to_start_without_the_right_to_write_schedules(
     """A role that may not write sqla_jobs_schedule stops the worker before it claims, naming
     the grants and --no-schedules."""
     jobs = beat_jobs(every=timedelta(seconds=1))
+    # A name of its own: roles are cluster-wide, and other runs share the server.
+    reader = f"sched_reader_{secrets.token_hex(4)}"
     with fresh.begin() as conn:
-        conn.execute(text("DROP ROLE IF EXISTS sched_reader"))
-        conn.execute(text("CREATE ROLE sched_reader LOGIN"))
-        conn.execute(text("GRANT SELECT ON ALL TABLES IN SCHEMA public TO sched_reader"))
-    url = as_role(migrated_url, "sched_reader")
+        conn.execute(text(f"CREATE ROLE {reader} LOGIN"))
+        conn.execute(text(f"GRANT SELECT ON ALL TABLES IN SCHEMA public TO {reader}"))
+    url = as_role(migrated_url, reader)
     try:
         from sqla_jobs import ConfigurationError
 
@@ -433,12 +435,12 @@ def test_a_worker_refuses_to_start_without_the_right_to_write_schedules(
         assert worker.scheduler is not None
         assert worker.scheduler.engine.pool.checkedin() == 0
         with fresh.connect() as conn:
-            sessions = "SELECT count(*) FROM pg_stat_activity WHERE usename = 'sched_reader'"
-            assert conn.execute(text(sessions)).scalar_one() == 0
+            sessions = "SELECT count(*) FROM pg_stat_activity WHERE usename = :reader"
+            assert conn.execute(text(sessions), {"reader": reader}).scalar_one() == 0
     finally:
         with fresh.begin() as conn:
-            conn.execute(text("DROP OWNED BY sched_reader"))
-            conn.execute(text("DROP ROLE sched_reader"))
+            conn.execute(text(f"DROP OWNED BY {reader}"))
+            conn.execute(text(f"DROP ROLE {reader}"))
 
 
 def test_a_grant_revoked_under_a_running_scheduler_is_reported_not_reconnected(
@@ -447,28 +449,26 @@ def test_a_grant_revoked_under_a_running_scheduler_is_reported_not_reconnected(
     """A refusal by the server (UPDATE on sqla_jobs_schedule revoked) is logged as an error and
     tried again after RETRY_AFTER, on the same connection; once granted back the tick comes."""
     jobs = beat_jobs(every=timedelta(seconds=1))
+    role = f"sched_worker_{secrets.token_hex(4)}"
     with fresh.begin() as conn:
-        conn.execute(text("DROP ROLE IF EXISTS sched_worker"))
-        conn.execute(text("CREATE ROLE sched_worker LOGIN"))
-        conn.execute(
-            text("GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO sched_worker")
-        )
-        conn.execute(text("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO sched_worker"))
-    s = scheduler(jobs, as_role(migrated_url, "sched_worker"))
+        conn.execute(text(f"CREATE ROLE {role} LOGIN"))
+        conn.execute(text(f"GRANT SELECT, INSERT, UPDATE ON ALL TABLES IN SCHEMA public TO {role}"))
+        conn.execute(text(f"GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"))
+    s = scheduler(jobs, as_role(migrated_url, role))
     try:
         s.check()
         with fresh.begin() as conn:
-            conn.execute(text("REVOKE SELECT ON sqla_jobs_schedule FROM sched_worker"))
+            conn.execute(text(f"REVOKE SELECT ON sqla_jobs_schedule FROM {role}"))
         with caplog.at_level(logging.ERROR, "sqla_jobs.scheduler"):
             assert s._guarded_step() == RETRY_AFTER
         assert "permission denied" in caplog.text
         assert s._reconnects.failures == 0
         with fresh.begin() as conn:
-            conn.execute(text("GRANT SELECT ON sqla_jobs_schedule TO sched_worker"))
+            conn.execute(text(f"GRANT SELECT ON sqla_jobs_schedule TO {role}"))
         s._guarded_step()
         assert ticks(fresh)
     finally:
         s.engine.dispose()
         with fresh.begin() as conn:
-            conn.execute(text("DROP OWNED BY sched_worker"))
-            conn.execute(text("DROP ROLE sched_worker"))
+            conn.execute(text(f"DROP OWNED BY {role}"))
+            conn.execute(text(f"DROP ROLE {role}"))

@@ -23,7 +23,7 @@ from sqla_jobs.db.urls import sqlalchemy_url, with_database
 from sqla_jobs.enqueue import notifier as _notifier
 from sqla_jobs.enqueue import wakeup as _notify
 
-from ._listening import QUIET, Heard
+from ._listening import ARRIVES, QUIET, Heard
 from ._workers import running_workers, wait_until
 
 
@@ -69,7 +69,7 @@ def test_after_commit_sends_nothing_before_the_commit_and_one_wakeup_after_it(
         session.flush()
         assert heard.within(QUIET) == []
         session.commit()
-    assert heard.within(2) == ["default"]
+    assert heard.within(ARRIVES) == ["default"]
     assert sent == [], "the enqueuing transaction carried a NOTIFY"
 
 
@@ -105,7 +105,7 @@ def test_a_rolled_back_savepoint_drops_its_wakeups_and_a_released_one_keeps_them
         # A released savepoint is no commit: nothing sent yet.
         assert heard.within(QUIET) == []
         session.commit()
-    assert heard.within(1) == ["kept"]
+    assert heard.within(ARRIVES) == ["kept"]
 
 
 def test_a_session_joined_to_a_callers_transaction_wakes_only_when_that_commits(
@@ -119,7 +119,7 @@ def test_a_session_joined_to_a_callers_transaction_wakes_only_when_that_commits(
             session.commit()  # releases the Session's savepoint; the real transaction is open
         assert heard.within(QUIET) == []
         outer.commit()
-    assert heard.within(2) == ["default"]
+    assert heard.within(ARRIVES) == ["default"]
     with clean.connect() as conn:
         outer = conn.begin()
         with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
@@ -141,7 +141,7 @@ def test_in_transaction_wakes_at_commit_never_after_rollback_and_throttles_per_q
         jobs.enqueue(session, Ping(), queue="q2")
         assert heard.within(QUIET) == []
         session.commit()
-    assert heard.within(1) == ["q2"]
+    assert heard.within(ARRIVES) == ["q2"]
     # Two transactions within the throttle's 0.1 s: one wakeup (the worker it woke claims both).
     for _ in range(2):
         with Session(clean) as session:
@@ -152,7 +152,7 @@ def test_in_transaction_wakes_at_commit_never_after_rollback_and_throttles_per_q
     with Session(clean) as session:
         jobs.enqueue(session, Ping(), queue="q1")
         session.commit()
-    assert heard.within(1) == ["q1"]
+    assert heard.within(ARRIVES) == ["q1"]
 
 
 def test_none_sends_no_wakeup(clean: Engine, heard: Heard) -> None:
@@ -178,7 +178,7 @@ def test_a_job_not_due_yet_wakes_no_one_and_one_due_now_does(
     with Session(clean) as session:
         jobs.enqueue(session, Ping(), run_at=datetime.now(timezone.utc) - timedelta(seconds=1))
         session.commit()
-    assert heard.within(1) == ["default"]
+    assert heard.within(ARRIVES) == ["default"]
 
 
 def test_an_async_session_wakes_after_its_commit_and_not_for_a_rolled_back_savepoint(
@@ -201,7 +201,7 @@ def test_an_async_session_wakes_after_its_commit_and_not_for_a_rolled_back_savep
             await engine.dispose()
 
     assert asyncio.run(scenario()) == []
-    assert heard.within(1) == ["async"]
+    assert heard.within(ARRIVES) == ["async"]
 
 
 def _enqueue_in_child(url: str) -> None:
@@ -221,18 +221,18 @@ def test_a_forked_child_gets_its_own_notifier_and_leaves_the_parents_working(
     with Session(clean) as session:
         jobs.enqueue(session, Ping(), queue="parent")
         session.commit()
-    assert heard.within(1) == ["parent"]
+    assert heard.within(ARRIVES) == ["parent"]
     child = multiprocessing.get_context("fork").Process(
         target=_enqueue_in_child, args=(migrated_url,)
     )
     child.start()
     child.join(30)
     assert child.exitcode == 0
-    assert heard.within(1) == ["child"]
+    assert heard.within(ARRIVES) == ["child"]
     with Session(clean) as session:
         jobs.enqueue(session, Ping(), queue="parent-again")
         session.commit()
-    assert heard.within(1) == ["parent-again"]
+    assert heard.within(ARRIVES) == ["parent-again"]
 
 
 def notifier_pids(engine: Engine) -> list[int]:
@@ -254,14 +254,14 @@ def test_a_killed_notifier_connection_reconnects_for_the_next_wakeup(
     with Session(clean) as session:
         jobs.enqueue(session, Ping(), queue="before")
         session.commit()
-    assert heard.within(1) == ["before"]
+    assert heard.within(ARRIVES) == ["before"]
     with clean.connect() as conn:
         for pid in notifier_pids(clean):
             conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
     with Session(clean) as session:
         jobs.enqueue(session, Ping(), queue="after")
         session.commit()
-    assert heard.within(2) == ["after"]
+    assert heard.within(ARRIVES) == ["after"]
 
 
 def test_jobs_are_still_picked_up_by_polling_when_the_notifier_cannot_connect(
@@ -324,7 +324,7 @@ def test_a_process_enqueueing_continuously_sends_at_most_one_statement_per_inter
     with Session(clean) as session:  # the notifier connected and idle
         jobs.enqueue(session, Ping(), queue="warm")
         session.commit()
-    assert heard.within(1) == ["warm"]
+    assert heard.within(ARRIVES) == ["warm"]
     assert _notifier.flush_all(5)
     notifier = _notifier.notifier(_notify._conninfo(clean))
     sent_before = notifier.sent
@@ -337,7 +337,7 @@ def test_a_process_enqueueing_continuously_sends_at_most_one_statement_per_inter
     assert _notifier.flush_all(5)
     elapsed = time.monotonic() - started
     got: list[str] = []
-    while (more := heard.within(1)) and len(got) < len(queues):
+    while len(got) < len(queues) and (more := heard.within(ARRIVES)):
         got += more
     assert sorted(got) == sorted(queues)
     statements = notifier.sent - sent_before
@@ -356,5 +356,5 @@ def test_the_queues_of_one_commit_are_woken_by_one_statement(clean: Engine, hear
         jobs.enqueue(session, Ping(), queue="c")
         session.commit()
     assert _notifier.flush_all(5)
-    assert sorted(heard.within(1)) == ["a", "b", "c"]
+    assert sorted(heard.within(ARRIVES)) == ["a", "b", "c"]
     assert notifier.sent - before == 1

@@ -908,7 +908,8 @@ def gate_waiters(engine: Engine) -> list[str]:
         names = conn.execute(
             text(
                 "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-                f"WHERE l.locktype = 'advisory' AND NOT l.granted AND l.objid = {GATE_LOCK} "
+                "WHERE a.datname = current_database() "
+                f"AND l.locktype = 'advisory' AND NOT l.granted AND l.objid = {GATE_LOCK} "
                 "AND l.objsubid = 1"
             )
         ).scalars()
@@ -1145,7 +1146,10 @@ def roles_of(engine: Engine, worker: Worker) -> list[str]:
     """The roles (claim, claim2, listen, ...) of ``worker``'s open connections."""
     with engine.connect() as conn:
         names = conn.execute(
-            text("SELECT application_name FROM pg_stat_activity WHERE application_name LIKE :n"),
+            text(
+                "SELECT application_name FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name LIKE :n"
+            ),
             {"n": f"sqla-jobs % {worker.name}"},
         ).scalars()
         return sorted(n.split()[1] for n in names)

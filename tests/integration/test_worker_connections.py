@@ -62,7 +62,7 @@ def test_worker_connections_carry_keepalives_and_an_application_name(
             names = db.execute(
                 text(
                     "SELECT application_name FROM pg_stat_activity "
-                    "WHERE application_name LIKE 'sqla-jobs %'"
+                    "WHERE datname = current_database() AND application_name LIKE 'sqla-jobs %'"
                 )
             ).scalars()
             roles = {n.split()[1] for n in names}

@@ -47,6 +47,8 @@ PGBOUNCER_PATHS = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer", "/usr/local/bin/
 ALIAS = "sqla_jobs_pgbouncer"
 #: Server connections per pool: fewer than the clients, so their transactions share them.
 POOL_SIZE = 3
+#: Ports PgBouncer is started on before the test gives up (see start_pgbouncer).
+PORT_ATTEMPTS = 5
 
 
 # -- PgBouncer ------------------------------------------------------------------------------------
@@ -134,7 +136,6 @@ def start_pgbouncer(
         target += " password='" + password.replace("'", "''") + "'"
     settings = {
         "listen_addr": "127.0.0.1",
-        "listen_port": str(free_port()),
         "unix_socket_dir": "",
         # Clients are not authenticated; PgBouncer logs in to the server as the target's user.
         "auth_type": "any",
@@ -150,7 +151,38 @@ def start_pgbouncer(
     workdir = Path(tempfile.mkdtemp(prefix="sqla-jobs-pgbouncer-"))
     settings["logfile"] = str(workdir / "pgbouncer.log")
     settings["pidfile"] = str(workdir / "pgbouncer.pid")
+    bouncer: Bouncer | None = None
+    try:
+        # free_port() releases the port before PgBouncer binds it; a parallel test may take it in
+        # between. PgBouncer then exits at once, and it is started again on another port.
+        for _ in range(PORT_ATTEMPTS):
+            settings["listen_port"] = str(free_port())
+            bouncer = _launch(binary, version, workdir, target, host, user, settings)
+            if _accepts(bouncer):
+                break
+            bouncer = None
+        else:
+            pytest.fail(f"pgbouncer found no free port in {PORT_ATTEMPTS} tries")
+        yield bouncer
+    finally:
+        if bouncer is not None:
+            _stop(bouncer.proc)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _launch(
+    binary: str,
+    version: tuple[int, ...],
+    workdir: Path,
+    target: str,
+    host: str,
+    user: str,
+    settings: dict[str, str],
+) -> Bouncer:
+    """Write the config and start PgBouncer on ``settings``' port (as another user when root)."""
     ini = workdir / "pgbouncer.ini"
+    for stale in ("pgbouncer.log", "stderr.log", "pgbouncer.pid"):
+        (workdir / stale).unlink(missing_ok=True)
     ini.write_text(
         f"[databases]\n{ALIAS} = {target}\n\n[pgbouncer]\n"
         + "".join(f"{k} = {v}\n" for k, v in settings.items())
@@ -166,38 +198,45 @@ def start_pgbouncer(
         proc = subprocess.Popen(
             [binary, *user_switch, str(ini)], stdout=subprocess.DEVNULL, stderr=stderr
         )
-    bouncer = Bouncer(
+    return Bouncer(
         url=f"postgresql://{user}@127.0.0.1:{settings['listen_port']}/{ALIAS}",
         version=version,
         proc=proc,
         workdir=workdir,
-        settings=settings,
+        settings=dict(settings),
     )
-    try:
 
-        def accepts() -> bool:
-            if proc.poll() is not None:
-                stderr_text = (workdir / "stderr.log").read_text(errors="replace")
-                raise AssertionError(
-                    f"pgbouncer exited with {proc.returncode}:\n{stderr_text}\n{bouncer.log}"
-                )
-            try:
-                with psycopg.connect(libpq_conninfo(bouncer.url), connect_timeout=2) as c:
-                    c.execute("SELECT 1")
-                return True
-            except psycopg.OperationalError:
-                return False
 
-        wait_for(accepts, "pgbouncer accepts connections", timeout=15)
-        yield bouncer
-    finally:
-        proc.terminate()
+def _accepts(bouncer: Bouncer) -> bool:
+    """Wait until PgBouncer accepts connections (True), or exits because its port was taken
+    (False); any other exit fails the test."""
+    proc = bouncer.proc
+
+    def up() -> str:
+        if proc.poll() is not None:
+            stderr_text = (bouncer.workdir / "stderr.log").read_text(errors="replace")
+            if "in use" in stderr_text + bouncer.log:
+                return "port taken"
+            raise AssertionError(
+                f"pgbouncer exited with {proc.returncode}:\n{stderr_text}\n{bouncer.log}"
+            )
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        shutil.rmtree(workdir, ignore_errors=True)
+            with psycopg.connect(libpq_conninfo(bouncer.url), connect_timeout=2) as c:
+                c.execute("SELECT 1")
+            return "up"
+        except psycopg.OperationalError:
+            return ""
+
+    return wait_for(up, "pgbouncer accepts connections or exits", timeout=60) == "up"
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,8 @@ def claimed_since(fleet: Fleet, engine: Engine, since: datetime) -> Callable[[],
             seen = conn.execute(
                 text(
                     "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
-                    "WHERE application_name LIKE 'sqla-jobs claim %' "
+                    "WHERE datname = current_database() "
+                    "AND application_name LIKE 'sqla-jobs claim %' "
                     "AND query LIKE 'WITH claimed AS%' "
                     "AND query_start > :since"
                 ),

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from tests._waiting import wait_until
+from tests._waiting import DEADLINE, wait_until
 from tests.reliability.chaos_app import Fleet, queue_length, runs_by_job, scalar
 from tests.reliability.conftest import Figures, injects, scaled
 from tests.reliability.fault_app import (
@@ -367,21 +367,25 @@ def test_jobs_rescued_after_a_crash_run_at_near_normal_throughput(
         victim.proc.wait(10)
         # The dead worker's rows cannot change until its leases expire: read now, every job it held.
         held = held_by(clean, victim.pid)
-        for _ in range(2):
-            rescue.spawn()
+        for rescuer in [rescue.spawn() for _ in range(2)]:
+            rescue.wait_started(rescuer, timeout=DEADLINE)
+        # The window opens when the rescuers are up: a process's start on a loaded machine is not
+        # the rescue's speed.
+        up_at = time.monotonic()
         limit = RESCUE_LEASE + RESCUE_WITHIN
         try:
             wait_until(
                 lambda: queue_length(clean) == 0,
                 "every job done",
-                timeout=killed_at + limit - time.monotonic(),
+                timeout=up_at + limit - time.monotonic(),
             )
         except AssertionError:
             left = rows_by_id(clean)
             dead = sum(row["state"] == "dead" for row in left.values())
             raise AssertionError(
                 f"{len(left)} of the {len(held)} jobs the killed worker held not done {limit:g} s "
-                f"after the kill (lease {RESCUE_LEASE} s), {dead} of them dead\n"
+                f"after the kill and the rescuers' start (lease {RESCUE_LEASE} s), {dead} of them "
+                f"dead\n"
                 f"{rescue.logs()[-3000:]}"
             ) from None
         rescue_s = time.monotonic() - killed_at
