@@ -7,6 +7,7 @@ function that Starlette runs in its thread pool, since the Session is a synchron
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
@@ -18,20 +19,32 @@ from sqla_jobs.dashboard import _chart, _reads, _series
 from sqla_jobs.dashboard._render import Dashboard, link, seconds
 from sqla_jobs.model import STATES, Job, JobState
 from sqla_jobs.observe import throughput
+from sqla_jobs.operations.jobs import CANCELLABLE, DELETABLE, RETRYABLE
 
 _CSS = (resources.files("sqla_jobs.dashboard") / "static" / "dashboard.css").read_bytes()
 _UNDEFINED_TABLE = "42P01"
 
 
+#: Each verb the dashboard offers and the states it offers it for: those the operation accepts,
+#: but retry not for a pending job, where "Retry" would read as a fix for a job that never failed.
+_OFFERED = (
+    ("retry", tuple(s for s in RETRYABLE if s != JobState.PENDING.value)),
+    ("delete", DELETABLE),
+    ("cancel", CANCELLABLE),
+)
+
+
 def actions_for(state: str) -> tuple[str, ...]:
     """The actions the dashboard offers for a job in ``state``."""
-    if state in (JobState.DEAD.value, JobState.CANCELLED.value):
-        return ("retry", "delete")
-    if state == JobState.COMPLETED.value:
-        return ("delete",)
-    if state in (JobState.PENDING.value, JobState.RUNNING.value):
-        return ("cancel",)
-    return ()
+    return tuple(verb for verb, states in _OFFERED if state in states)
+
+
+def bulk_actions(state: str | None, shown: Iterable[str]) -> tuple[str, ...]:
+    """The actions offered for the ticked jobs of a listing: those of its ``state`` filter, else
+    each that applies to one of the states ``shown`` (the operation names any ticked job it
+    does not apply to, and changes nothing)."""
+    states = {state} if state else set(shown)
+    return tuple(verb for verb, applies in _OFFERED if states.intersection(applies))
 
 
 class Pages:
@@ -67,6 +80,7 @@ class Pages:
                 "older": older,
                 "states": STATES,
                 "actions_for": actions_for,
+                "bulk": bulk_actions(where.state, (r.state for r in rows)),
             },
             nav=nav,
         )
