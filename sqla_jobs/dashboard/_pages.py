@@ -12,6 +12,7 @@ from importlib import resources
 from typing import Any
 
 from sqlalchemy.exc import ProgrammingError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -21,7 +22,15 @@ from sqla_jobs.model import STATES, Job, JobState
 from sqla_jobs.observe import throughput
 from sqla_jobs.operations.jobs import CANCELLABLE, DELETABLE, RETRYABLE
 
-_CSS = (resources.files("sqla_jobs.dashboard") / "static" / "dashboard.css").read_bytes()
+#: The files under static/ the app serves, read once, with their media types.
+_STATIC = {
+    name: ((resources.files("sqla_jobs.dashboard") / "static" / name).read_bytes(), media_type)
+    for name, media_type in (
+        ("dashboard.css", "text/css"),
+        ("favicon.svg", "image/svg+xml"),
+        ("favicon.ico", "image/vnd.microsoft.icon"),
+    )
+}
 _UNDEFINED_TABLE = "42P01"
 
 
@@ -163,8 +172,14 @@ class Pages:
             nav="throughput",
         )
 
-    def css(self, request: Request) -> Response:
-        return Response(_CSS, media_type="text/css")
+    def static(self, request: Request) -> Response:
+        """One of the :data:`_STATIC` files, by the name in the path (or the route's own)."""
+        name = request.path_params.get("name") or "favicon.ico"
+        found = _STATIC.get(name)
+        if found is None:
+            raise HTTPException(404)
+        content, media_type = found
+        return Response(content, media_type=media_type)
 
 
 def _charts(hour: _series.Hour) -> dict[str, Any]:
