@@ -60,14 +60,19 @@ def _next(info: ScheduleInfo) -> str:
     if not info.in_code:
         return "not in code"
     if info.paused_at is not None:
-        return f"paused {_time(info.paused_at)}"
+        # Not a bare time in this column: it would read as "runs at".
+        resumed = _time(info.next_tick_if_resumed_at)
+        return f"paused since {_time(info.paused_at)} (if resumed now, next tick {resumed})"
     return _time(info.next_tick_at)
 
 
 def _last_job(info: ScheduleInfo) -> str:
     if info.last_job_id is None:
         return "-"
-    return f"{info.last_job_id} {info.last_job_state or '(pruned)'}"
+    if info.last_job_gone:
+        # The schedule's row keeps only the id: no more is known of a job whose row is gone.
+        return f"{info.last_job_id} gone (completed, pruned or deleted)"
+    return f"{info.last_job_id} {info.last_job_state}"
 
 
 def render(infos: list[ScheduleInfo], *, as_json: bool) -> str:
@@ -100,6 +105,8 @@ def _json(info: ScheduleInfo) -> dict[str, Any]:
         "last_job_id": info.last_job_id,
         "last_job_state": info.last_job_state,
         "seen_at": iso(info.seen_at),
+        "last_job_gone": info.last_job_gone,
+        "next_tick_if_resumed_at": iso(info.next_tick_if_resumed_at),
     }
 
 

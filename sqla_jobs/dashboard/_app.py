@@ -104,7 +104,9 @@ def create_app(
         Route("/search", pages.search, name="search"),
         Route("/workers", pages.workers, name="workers"),
         Route("/throughput", pages.throughput, name="throughput"),
-        Route("/static/dashboard.css", pages.css, name="css"),
+        Route("/static/{name:str}", pages.static, name="static"),
+        # Asked for by browsers unprompted, whatever the pages link to.
+        Route("/favicon.ico", pages.static, name="favicon"),
         Route("/jobs/{verb:str}", actions.jobs, methods=["POST"], name="job_action"),
         Route(
             "/queues/{queue:str}/{verb:str}", actions.queue, methods=["POST"], name="queue_action"

@@ -7,10 +7,12 @@ function that Starlette runs in its thread pool, since the Session is a synchron
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
 from sqlalchemy.exc import ProgrammingError
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -18,20 +20,40 @@ from sqla_jobs.dashboard import _chart, _reads, _series
 from sqla_jobs.dashboard._render import Dashboard, link, seconds
 from sqla_jobs.model import STATES, Job, JobState
 from sqla_jobs.observe import throughput
+from sqla_jobs.operations.jobs import CANCELLABLE, DELETABLE, RETRYABLE
 
-_CSS = (resources.files("sqla_jobs.dashboard") / "static" / "dashboard.css").read_bytes()
+#: The files under static/ the app serves, read once, with their media types.
+_STATIC = {
+    name: ((resources.files("sqla_jobs.dashboard") / "static" / name).read_bytes(), media_type)
+    for name, media_type in (
+        ("dashboard.css", "text/css"),
+        ("favicon.svg", "image/svg+xml"),
+        ("favicon.ico", "image/vnd.microsoft.icon"),
+    )
+}
 _UNDEFINED_TABLE = "42P01"
+
+
+#: Each verb the dashboard offers and the states it offers it for: those the operation accepts,
+#: but retry not for a pending job, where "Retry" would read as a fix for a job that never failed.
+_OFFERED = (
+    ("retry", tuple(s for s in RETRYABLE if s != JobState.PENDING.value)),
+    ("delete", DELETABLE),
+    ("cancel", CANCELLABLE),
+)
 
 
 def actions_for(state: str) -> tuple[str, ...]:
     """The actions the dashboard offers for a job in ``state``."""
-    if state in (JobState.DEAD.value, JobState.CANCELLED.value):
-        return ("retry", "delete")
-    if state == JobState.COMPLETED.value:
-        return ("delete",)
-    if state in (JobState.PENDING.value, JobState.RUNNING.value):
-        return ("cancel",)
-    return ()
+    return tuple(verb for verb, states in _OFFERED if state in states)
+
+
+def bulk_actions(state: str | None, shown: Iterable[str]) -> tuple[str, ...]:
+    """The actions offered for the ticked jobs of a listing: those of its ``state`` filter, else
+    each that applies to one of the states ``shown`` (the operation names any ticked job it
+    does not apply to, and changes nothing)."""
+    states = {state} if state else set(shown)
+    return tuple(verb for verb, applies in _OFFERED if states.intersection(applies))
 
 
 class Pages:
@@ -67,6 +89,7 @@ class Pages:
                 "older": older,
                 "states": STATES,
                 "actions_for": actions_for,
+                "bulk": bulk_actions(where.state, (r.state for r in rows)),
             },
             nav=nav,
         )
@@ -149,8 +172,14 @@ class Pages:
             nav="throughput",
         )
 
-    def css(self, request: Request) -> Response:
-        return Response(_CSS, media_type="text/css")
+    def static(self, request: Request) -> Response:
+        """One of the :data:`_STATIC` files, by the name in the path (or the route's own)."""
+        name = request.path_params.get("name") or "favicon.ico"
+        found = _STATIC.get(name)
+        if found is None:
+            raise HTTPException(404)
+        content, media_type = found
+        return Response(content, media_type=media_type)
 
 
 def _charts(hour: _series.Hour) -> dict[str, Any]:

@@ -39,7 +39,10 @@ class ScheduleInfo:
     """One schedule as ``sqla-jobs schedules`` shows it: declared in the code (``definition``),
     recorded in ``sqla_jobs_schedule`` (the other fields; None before a scheduler first ran it),
     or both. ``next_tick_at`` is the next tick a scheduler will enqueue (None while paused, or
-    for a schedule no longer in the code, which nothing enqueues)."""
+    for a schedule no longer in the code, which nothing enqueues); ``next_tick_if_resumed_at``
+    is, for a paused schedule still in the code, the tick a resume now would lead to.
+    ``last_job_state`` is None once the last job's row has left the job table: see
+    ``last_job_gone``."""
 
     name: str
     kind: str
@@ -51,10 +54,17 @@ class ScheduleInfo:
     next_tick_at: datetime | None = None
     paused_at: datetime | None = None
     seen_at: datetime | None = None
+    next_tick_if_resumed_at: datetime | None = None
 
     @property
     def in_code(self) -> bool:
         return self.definition is not None
+
+    @property
+    def last_job_gone(self) -> bool:
+        """Whether the last job's row has left the job table. The row alone cannot say why: the
+        job completed (deleted, or moved to history), or it ended and was pruned or deleted."""
+        return self.last_job_id is not None and self.last_job_state is None
 
 
 def _options(jobs: Host) -> dict[str, Any]:
@@ -83,10 +93,16 @@ def listing(session: Session, jobs: Host) -> list[ScheduleInfo]:
     for name in sorted(set(rows) | {s.name for s in jobs.schedules}):
         row = rows.get(name)
         definition = jobs.schedule_named(name)
-        next_tick = None
-        if definition is not None and (row is None or row.paused_at is None):
+        next_tick = if_resumed = None
+        if definition is not None:
+            # A resume moves the last tick up to now (set_schedule_paused), so both are the
+            # first tick after the later of the two.
             last = row.last_tick_at if row is not None else None
-            next_tick = definition.next_after(max(last, now) if last is not None else now)
+            upcoming = definition.next_after(max(last, now) if last is not None else now)
+            if row is not None and row.paused_at is not None:
+                if_resumed = upcoming
+            else:
+                next_tick = upcoming
         if definition is not None:
             kind, spec = definition.kind.name, definition.spec
         else:
@@ -104,6 +120,7 @@ def listing(session: Session, jobs: Host) -> list[ScheduleInfo]:
                 next_tick_at=next_tick,
                 paused_at=row.paused_at if row is not None else None,
                 seen_at=row.seen_at if row is not None else None,
+                next_tick_if_resumed_at=if_resumed,
             )
         )
     return infos

@@ -161,12 +161,20 @@ def test_pause_holds_a_schedule_and_resume_lets_it_tick_again(
     assert schedule_rows(fresh)[0][4] == paused_at, "a second pause keeps the first time"
 
     shown = table(cli(migrated_url, "schedules", APP).stdout)
-    assert shown[SWEEP][3] == f"paused {paused_at.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+    since = f"{paused_at.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+    held = re.fullmatch(
+        rf"paused since {since} \(if resumed now, next tick (.+)\)", shown[SWEEP][3]
+    )
+    assert held is not None, shown[SWEEP][3]
     assert not shown[PARIS_REPORT][3].startswith("paused")
     as_json = listed(migrated_url)
     assert datetime.fromisoformat(as_json[SWEEP]["paused_at"]) == paused_at
-    assert as_json[SWEEP]["next_tick_at"] is None
+    assert as_json[SWEEP]["next_tick_at"] is None, "a paused schedule has no next tick"
+    if_resumed = datetime.fromisoformat(as_json[SWEEP]["next_tick_if_resumed_at"])
+    assert utc(held[1]) == if_resumed.replace(microsecond=0)
+    assert_next_ticks(datetime.fromisoformat(as_json[PARIS_REPORT]["next_tick_at"]), if_resumed)
     assert as_json[PARIS_REPORT]["paused_at"] is None
+    assert as_json[PARIS_REPORT]["next_tick_if_resumed_at"] is None, "it is not paused"
 
     resumed = cli(migrated_url, "schedules", "resume", APP, SWEEP)
     assert resumed.returncode == 0, resumed.stderr
@@ -176,6 +184,50 @@ def test_pause_holds_a_schedule_and_resume_lets_it_tick_again(
     assert after[SWEEP]["paused_at"] is None
     paris_next = datetime.fromisoformat(after[PARIS_REPORT]["next_tick_at"])
     assert_next_ticks(paris_next, datetime.fromisoformat(after[SWEEP]["next_tick_at"]))
+
+
+def test_a_last_job_whose_row_is_gone_is_listed_as_gone_without_guessing_why(
+    fresh: Engine, migrated_url: str
+) -> None:
+    """A last job still in the job table is listed with its state; one whose row is gone may have
+    completed (and been deleted or moved to history), or ended and been pruned or deleted: the
+    listing says it is gone and names every way it could be, in the table and in ``--json``."""
+    with fresh.begin() as conn:
+        job_id = conn.execute(
+            text(
+                "INSERT INTO sqla_jobs_job (queue, kind, payload) "
+                "VALUES ('reports', 'report', '{}') RETURNING id"
+            )
+        ).scalar_one()
+    tick = datetime(2024, 6, 1, 7, 0, tzinfo=UTC)
+    for name, kind, spec, last_job in (
+        (*DECLARED[0], job_id),
+        (*DECLARED[1], job_id + 1000),
+    ):
+        execute(
+            fresh,
+            "INSERT INTO sqla_jobs_schedule (name, kind, spec, last_tick_at, last_job_id) "
+            "VALUES (:name, :kind, :spec, :tick, :job)",
+            name=name,
+            kind=kind,
+            spec=spec,
+            tick=tick,
+            job=last_job,
+        )
+
+    shown = table(cli(migrated_url, "schedules", APP).stdout)
+    assert shown[PARIS_REPORT][5] == f"{job_id} pending"
+    assert shown[SWEEP][5] == f"{job_id + 1000} gone (completed, pruned or deleted)"
+    as_json = listed(migrated_url)
+    assert (as_json[PARIS_REPORT]["last_job_state"], as_json[PARIS_REPORT]["last_job_gone"]) == (
+        "pending",
+        False,
+    )
+    assert (as_json[SWEEP]["last_job_id"], as_json[SWEEP]["last_job_state"]) == (
+        job_id + 1000,
+        None,
+    )
+    assert as_json[SWEEP]["last_job_gone"] is True
 
 
 def test_run_enqueues_one_job_of_the_schedule_now_and_leaves_its_ticks_alone(

@@ -87,6 +87,7 @@ def set_state(engine: Engine, job_id: int, state: str, table: str = "sqla_jobs_j
         "dead": ", attempts = 3, crashes = 1, last_error = 'SMTPServerDisconnected: closed',"
         " finished_at = now()",
         "cancelled": ", finished_at = now()",
+        "completed": ", attempts = 1, finished_at = now()",
         "running": ", attempts = 1, lease_token = gen_random_uuid(), locked_by = 'host:1:abc',"
         " lease_expires_at = now() + interval '1 hour'",
         "pending": "",

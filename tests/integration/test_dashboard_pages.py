@@ -226,7 +226,9 @@ def test_mounted_under_a_prefix_its_links_cookies_and_redirects_stay_under_it(
     assert (done.status_code, done.headers["location"]) == (303, "/ops/jobs/jobs?queue=mail")
 
 
-@pytest.mark.parametrize("path", ["/", "/jobs", "/workers", "/nowhere", "/static/dashboard.css"])
+@pytest.mark.parametrize(
+    "path", ["/", "/jobs", "/workers", "/nowhere", "/static/dashboard.css", "/favicon.ico"]
+)
 def test_every_response_forbids_framing_scripts_and_caching(clean: Engine, path: str) -> None:
     with dashboard(clean) as client:
         response = client.get(path)
