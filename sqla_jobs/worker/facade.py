@@ -325,12 +325,8 @@ class Worker:
             if signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
-        log.info(
-            "worker %s stopped: %s",
-            self.name,
-            " ".join(f"{key}={value}" for key, value in self.counts.items()),
-            extra={"event": "stopped"},
-        )
+        said = " ".join(f"{key}={n}" for key, n in self.counts.items())
+        log.info("worker %s stopped: %s", self.name, said, extra={"event": "stopped"})
         return self._exit_code
 
     def _build(self, wakeups: Wakeups) -> FetchLoop:
