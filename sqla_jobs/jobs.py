@@ -14,6 +14,7 @@ from sqla_jobs.db import sessions as _sessions
 from sqla_jobs.enqueue import insert as _enqueue
 from sqla_jobs.enqueue import unique as _unique_enqueue
 from sqla_jobs.enqueue import validate as _validate
+from sqla_jobs.enqueue import validate_many as _validate_many
 from sqla_jobs.enqueue.async_api import AsyncEnqueue
 from sqla_jobs.enqueue.wakeup import Wakeup, WakeupMode, check_mode
 from sqla_jobs.errors import ConfigurationError
@@ -319,7 +320,7 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         max_attempts: int | None,
         meta: _validate.MetaArg,
     ) -> Iterator[_validate.Batch]:
-        chunks = _validate.prepare_chunks(
+        chunks = _validate_many.prepare_chunks(
             self,
             payloads,
             size=_enqueue.CHUNK,
