@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, overload
+from typing import Any, overload
 
 from pydantic import BaseModel
 from sqlalchemy.orm import Session, scoped_session
 
 from sqla_jobs import links as _links
 from sqla_jobs.db import sessions as _sessions
-from sqla_jobs.enqueue import insert as _enqueue
-from sqla_jobs.enqueue import unique as _unique_enqueue
-from sqla_jobs.enqueue import validate as _validate
+from sqla_jobs.enqueue import dispatch as _dispatch
 from sqla_jobs.enqueue.async_api import AsyncEnqueue
+from sqla_jobs.enqueue.meta import MetaArg
 from sqla_jobs.enqueue.wakeup import Wakeup, WakeupMode, check_mode
 from sqla_jobs.errors import ConfigurationError
 from sqla_jobs.hooks import Hooks
@@ -22,10 +21,7 @@ from sqla_jobs.kinds import Registry, check_name
 from sqla_jobs.model import Job, cancel_channel, notify_channel
 from sqla_jobs.operations.facade import Operations
 from sqla_jobs.periodic.declare import Periodics
-from sqla_jobs.unique import EnqueuedIds, OnConflict, check_on_conflict
-
-if TYPE_CHECKING:
-    pass
+from sqla_jobs.unique import EnqueuedIds, OnConflict
 
 DEFAULT_MAX_PAYLOAD_BYTES = 64 * 1024
 #: PostgreSQL's longest name (NAMEDATALEN - 1): pg_notify refuses a longer channel.
@@ -181,30 +177,11 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         :class:`~sqla_jobs.InvalidOptionError`). A row that does not exist is a foreign key
         violation, as for any insert of yours.
         """
-        check_on_conflict(on_conflict)
-        links = _links.check(link)
-        prepared = self._prepare(
-            payload, data, priority, queue, max_attempts, concurrency_key, meta, unique_key
-        )
-        when, after = _validate.schedule(delay, run_at)
-        session = _sessions.current(session)
-        if prepared.unique is not None:
-            job = _unique_enqueue.enqueue(
-                session,
-                prepared,
-                when,
-                after,
-                schema=self.schema,
-                wakeup=self._wakeup,
-                on_conflict=on_conflict,
-            )
-        else:
-            job = _enqueue.enqueue(
-                session, prepared, when, after, schema=self.schema, wakeup=self._wakeup
-            )
-        if links:
-            _links.insert(session, [links], [job.id], self.schema, fresh=job.inserted is not False)
-        return job
+        plan = self._plan_one(
+            payload, data, delay, run_at, priority, queue, max_attempts, concurrency_key, meta,
+            unique_key, on_conflict, link,
+        )  # fmt: skip
+        return _dispatch.enqueue(_sessions.current(session), *plan)
 
     def enqueue_many(
         self,
@@ -216,7 +193,7 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         priority: int | None = None,
         queue: str | None = None,
         max_attempts: int | None = None,
-        meta: _validate.MetaArg = None,
+        meta: MetaArg = None,
         on_conflict: OnConflict = "skip",
         link: _links.LinksArg = None,
     ) -> EnqueuedIds:
@@ -243,94 +220,7 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         (or None) per payload, all checked before any SQL runs; the links go in one statement per
         link table once the jobs are in.
         """
-        check_on_conflict(on_conflict)
-        when, after = _validate.schedule(delay, run_at)
-        items = payloads if isinstance(payloads, list) else list(payloads)
-        links = _links.check_many(link, len(items))
-        chunks = self._prepare_chunks(items, priority, queue, max_attempts, meta)
-        session = _sessions.current(session)
-        if self._any_unique(items):
-            ids = _unique_enqueue.enqueue_many(
-                session,
-                chunks,
-                when,
-                after,
-                schema=self.schema,
-                wakeup=self._wakeup,
-                on_conflict=on_conflict,
-            )
-        else:
-            ids = EnqueuedIds(
-                _enqueue.enqueue_many(
-                    session,
-                    len(items),
-                    chunks,
-                    when,
-                    after,
-                    schema=self.schema,
-                    wakeup=self._wakeup,
-                )
-            )
-        if links:
-            _links.insert(session, links, ids, self.schema, fresh=not ids.duplicates)
-        return ids
-
-    def _prepare(
-        self,
-        payload: BaseModel | str,
-        data: dict[str, Any] | None,
-        priority: int | None,
-        queue: str | None,
-        max_attempts: int | None,
-        concurrency_key: str | None,
-        meta: Mapping[str, Any] | None,
-        unique_key: str | None = None,
-    ) -> _validate.Prepared:
-        prepared = _validate.prepare(
-            self,
-            payload,
-            data,
-            max_bytes=self.max_payload_bytes,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            concurrency_key=concurrency_key,
-            meta=meta,
-            unique_key=unique_key,
+        plan = self._plan_many(
+            payloads, delay, run_at, priority, queue, max_attempts, meta, on_conflict, link
         )
-        # The hooks' one call site on the single path: nothing to do without a hook.
-        if self.hooks.enqueue_hooks:
-            prepared = self.hooks._enqueue_one(prepared)
-        return prepared
-
-    def _any_unique(self, payloads: list[BaseModel]) -> bool:
-        """Whether some of ``payloads`` are of a unique kind (nothing to look at when no kind
-        is: the plain path pays nothing)."""
-        if not any(k.options.unique for k in self):
-            return False
-        models = {type(p) for p in payloads}
-        return any(k.options.unique is not None for k in self if k.model in models)
-
-    def _prepare_chunks(
-        self,
-        payloads: list[BaseModel],
-        priority: int | None,
-        queue: str | None,
-        max_attempts: int | None,
-        meta: _validate.MetaArg,
-    ) -> Iterator[_validate.Batch]:
-        chunks = _validate.prepare_chunks(
-            self,
-            payloads,
-            size=_enqueue.CHUNK,
-            max_bytes=self.max_payload_bytes,
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            meta=meta,
-        )
-        # The hooks' one call site on the bulk paths (INSERT and COPY): once per chunk, as the
-        # chunk is validated; nothing to do without a hook.
-        if self.hooks.enqueue_hooks:
-            chunks = self.hooks._enqueue_chunks(chunks)
-        return chunks
+        return _dispatch.enqueue_many(_sessions.current(session), *plan)

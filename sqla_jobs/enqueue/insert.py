@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from itertools import chain
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import psycopg
 from sqlalchemy import Connection, Dialect, inspect
@@ -29,9 +29,6 @@ from sqla_jobs.errors import EnqueueError
 from sqla_jobs.model import ENQUEUED, Job
 from sqla_jobs.sql import enqueue as enqueue_sql
 from sqla_jobs.sql import tables as tables_sql
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncSession
 
 _NOTIFIED_KEY = "sqla_jobs.notified"
 _INSERT_ONE = enqueue_sql.insert_job()
@@ -212,8 +209,8 @@ def enqueue(
     wakeup: Wakeup,
 ) -> Job:
     """Insert one prepared job through ``session`` and queue its wakeup; returns the ``Job``.
-
-    The one implementation: :func:`enqueue_async` runs it in the ``AsyncSession``'s greenlet."""
+    The async calls run it too, in the ``AsyncSession``'s greenlet
+    (:mod:`~sqla_jobs.enqueue.dispatch`)."""
     conn = session.connection(bind_arguments=_JOB_BIND)
     stmt, params = _insert_one(session, job, run_at, delay, wakeup)
     filled = conn.execute(stmt, params, execution_options=_exec_options(schema)).one()
@@ -240,8 +237,8 @@ def enqueue_many(
     while the server stores the last (the two take about as long), inside a savepoint: a bad
     payload further on aborts the COPY, the savepoint is rolled back, and the transaction is as it
     was, with nothing written. A role that may not take ids from the sequence gets the INSERT.
-
-    The one implementation: :func:`enqueue_many_async` runs it in the ``AsyncSession``'s greenlet.
+    The async calls run it too, in the ``AsyncSession``'s greenlet (COPY on psycopg's
+    ``AsyncConnection``; see :mod:`~sqla_jobs.enqueue.dispatch`).
     """
     first = next(chunks, None)
     if first is None:
@@ -308,32 +305,3 @@ def _copy_rows(
         raise error from exc
     if streamed:
         conn.exec_driver_sql(_RELEASE_SAVEPOINT)
-
-
-async def enqueue_async(
-    session: AsyncSession,
-    job: Prepared,
-    run_at: datetime | None,
-    delay: timedelta,
-    *,
-    schema: str | None,
-    wakeup: Wakeup,
-) -> Job:
-    """:func:`enqueue` for an ``AsyncSession``."""
-    return await session.run_sync(enqueue, job, run_at, delay, schema=schema, wakeup=wakeup)
-
-
-async def enqueue_many_async(
-    session: AsyncSession,
-    count: int,
-    chunks: Iterator[Batch],
-    run_at: datetime | None,
-    delay: timedelta,
-    *,
-    schema: str | None,
-    wakeup: Wakeup,
-) -> list[int]:
-    """:func:`enqueue_many` for an ``AsyncSession`` (COPY on psycopg's ``AsyncConnection``)."""
-    return await session.run_sync(
-        enqueue_many, count, chunks, run_at, delay, schema=schema, wakeup=wakeup
-    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.orm import Session
 
@@ -32,9 +32,6 @@ from sqla_jobs.model import ENQUEUED, Job
 from sqla_jobs.sql import enqueue as enqueue_sql
 from sqla_jobs.sql import unique as unique_sql
 from sqla_jobs.unique import EnqueuedIds, OnConflict, UniqueKey
-
-if TYPE_CHECKING:
-    from sqlalchemy.ext.asyncio import AsyncSession
 
 _INSERT = {False: unique_sql.insert_unique_job(), True: unique_sql.upsert_unique_job()}
 _INSERT_MANY = {False: unique_sql.insert_unique_jobs(), True: unique_sql.upsert_unique_jobs()}
@@ -246,15 +243,3 @@ def _insert_unique(
         if not todo:
             return done
     raise SqlaJobsError("unique keys kept changing hands during enqueue_many; try again")
-
-
-async def enqueue_async(session: AsyncSession, *args: Any, **kwargs: Any) -> Job:
-    """:func:`enqueue` for an ``AsyncSession``."""
-    job: Job = await session.run_sync(enqueue, *args, **kwargs)
-    return job
-
-
-async def enqueue_many_async(session: AsyncSession, *args: Any, **kwargs: Any) -> EnqueuedIds:
-    """:func:`enqueue_many` for an ``AsyncSession``."""
-    ids: EnqueuedIds = await session.run_sync(enqueue_many, *args, **kwargs)
-    return ids

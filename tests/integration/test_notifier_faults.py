@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from sqla_jobs import ConfigurationError, Jobs
 from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.enqueue import notifier as _notifier
+from sqla_jobs.enqueue import notifier_thread as _notifier_thread
 from sqla_jobs.enqueue.notifier import Notifier
 
 from ._listening import ARRIVES, Heard
@@ -166,7 +167,7 @@ def test_a_statement_left_unanswered_counts_as_a_lost_connection(
 ) -> None:
     """A server gone silent (a NAT that dropped the connection) holds no wakeup for longer than
     ANSWER_TIMEOUT: the notifier reconnects and sends them again."""
-    monkeypatch.setattr(_notifier, "ANSWER_TIMEOUT", 0.5)
+    monkeypatch.setattr(_notifier_thread, "ANSWER_TIMEOUT", 0.5)
     original = Notifier._statement
     stalled: list[bool] = []
 

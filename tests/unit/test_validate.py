@@ -10,7 +10,8 @@ import pytest
 from pydantic import BaseModel
 
 from sqla_jobs import Jobs
-from sqla_jobs.enqueue.validate import Batch, prepare, prepare_many
+from sqla_jobs.enqueue.validate import Batch, prepare
+from sqla_jobs.enqueue.validate_many import prepare_many
 from sqla_jobs.errors import (
     InvalidPayloadError,
     InvalidTextError,

@@ -1,0 +1,197 @@
+"""The one enqueue dispatch, for :class:`~sqla_jobs.Jobs`' sync calls and their ``_async`` twins.
+
+A call is planned first (:class:`EnqueuePlans`: the options, the payloads and the links checked,
+the hooks run; no I/O), then run by :func:`enqueue` or :func:`enqueue_many`, which take a unique
+job to ``ON CONFLICT`` (:mod:`~sqla_jobs.enqueue.unique`), a plain one to INSERT or COPY
+(:mod:`~sqla_jobs.enqueue.insert`), and insert the links. A sync call runs them on its
+``Session``; an async one in its ``AsyncSession``'s greenlet (``run_sync``), so both take the same
+path and hold the same guarantees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from sqlalchemy.orm import Session
+
+from sqla_jobs import links as _links
+from sqla_jobs.enqueue import insert as _insert
+from sqla_jobs.enqueue import unique as _unique
+from sqla_jobs.enqueue import validate as _validate
+from sqla_jobs.enqueue import validate_many as _validate_many
+from sqla_jobs.enqueue.meta import MetaArg
+from sqla_jobs.enqueue.row import Batch, Prepared
+from sqla_jobs.enqueue.wakeup import Wakeup
+from sqla_jobs.kinds import Registry
+from sqla_jobs.model import Job
+from sqla_jobs.unique import EnqueuedIds, OnConflict, check_on_conflict
+
+if TYPE_CHECKING:
+    from sqla_jobs.hooks import Hooks
+
+#: What :func:`enqueue` takes after the session, as :meth:`EnqueuePlans._plan_one` returns it.
+OnePlan = tuple[
+    Prepared, datetime | None, timedelta, _links.Checked, OnConflict, str | None, Wakeup
+]
+#: What :func:`enqueue_many` takes after the session, as :meth:`EnqueuePlans._plan_many` returns it.
+ManyPlan = tuple[
+    int,
+    Iterator[Batch],
+    bool,
+    datetime | None,
+    timedelta,
+    list[_links.Checked] | None,
+    OnConflict,
+    str | None,
+    Wakeup,
+]
+
+
+def enqueue(
+    session: Session,
+    job: Prepared,
+    run_at: datetime | None,
+    delay: timedelta,
+    links: _links.Checked,
+    on_conflict: OnConflict,
+    schema: str | None,
+    wakeup: Wakeup,
+) -> Job:
+    """Insert one planned job (unique or plain) and its links through ``session``."""
+    if job.unique is not None:
+        found = _unique.enqueue(
+            session, job, run_at, delay, schema=schema, wakeup=wakeup, on_conflict=on_conflict
+        )
+    else:
+        found = _insert.enqueue(session, job, run_at, delay, schema=schema, wakeup=wakeup)
+    if links:
+        _links.insert(session, [links], [found.id], schema, fresh=found.inserted is not False)
+    return found
+
+
+def enqueue_many(
+    session: Session,
+    count: int,
+    chunks: Iterator[Batch],
+    any_unique: bool,
+    run_at: datetime | None,
+    delay: timedelta,
+    links: list[_links.Checked] | None,
+    on_conflict: OnConflict,
+    schema: str | None,
+    wakeup: Wakeup,
+) -> EnqueuedIds:
+    """Insert ``count`` planned jobs, validated a chunk at a time by ``chunks``, and their
+    links through ``session``; the unique path when ``any_unique``, else INSERT or COPY."""
+    if any_unique:
+        ids = _unique.enqueue_many(
+            session, chunks, run_at, delay, schema=schema, wakeup=wakeup, on_conflict=on_conflict
+        )
+    else:
+        ids = EnqueuedIds(
+            _insert.enqueue_many(
+                session, count, chunks, run_at, delay, schema=schema, wakeup=wakeup
+            )
+        )
+    if links:
+        _links.insert(session, links, ids, schema, fresh=not ids.duplicates)
+    return ids
+
+
+class EnqueuePlans(Registry):
+    """Plans the enqueue calls of :class:`~sqla_jobs.Jobs`: everything before the first SQL
+    statement, so that bad input raises with nothing written and the transaction usable."""
+
+    schema: str | None
+    max_payload_bytes: int
+    hooks: Hooks
+    _wakeup: Wakeup
+
+    def _plan_one(
+        self,
+        payload: BaseModel | str,
+        data: dict[str, Any] | None,
+        delay: timedelta | float | None,
+        run_at: datetime | None,
+        priority: int | None,
+        queue: str | None,
+        max_attempts: int | None,
+        concurrency_key: str | None,
+        meta: Mapping[str, Any] | None,
+        unique_key: str | None,
+        on_conflict: OnConflict,
+        link: _links.LinkArg,
+    ) -> OnePlan:
+        check_on_conflict(on_conflict)
+        links = _links.check(link)
+        prepared = _validate.prepare(
+            self,
+            payload,
+            data,
+            max_bytes=self.max_payload_bytes,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            concurrency_key=concurrency_key,
+            meta=meta,
+            unique_key=unique_key,
+        )
+        # The hooks' one call site on the single path: nothing to do without a hook.
+        if self.hooks.enqueue_hooks:
+            prepared = self.hooks._enqueue_one(prepared)
+        when, after = _validate.schedule(delay, run_at)
+        return prepared, when, after, links, on_conflict, self.schema, self._wakeup
+
+    def _plan_many(
+        self,
+        payloads: Iterable[BaseModel],
+        delay: timedelta | float | None,
+        run_at: datetime | None,
+        priority: int | None,
+        queue: str | None,
+        max_attempts: int | None,
+        meta: MetaArg,
+        on_conflict: OnConflict,
+        link: _links.LinksArg,
+    ) -> ManyPlan:
+        check_on_conflict(on_conflict)
+        when, after = _validate.schedule(delay, run_at)
+        items = payloads if isinstance(payloads, list) else list(payloads)
+        links = _links.check_many(link, len(items))
+        chunks = _validate_many.prepare_chunks(
+            self,
+            items,
+            size=_insert.CHUNK,
+            max_bytes=self.max_payload_bytes,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            meta=meta,
+        )
+        # The hooks' one call site on the bulk paths (INSERT and COPY): once per chunk, as the
+        # chunk is validated; nothing to do without a hook.
+        if self.hooks.enqueue_hooks:
+            chunks = self.hooks._enqueue_chunks(chunks)
+        any_unique = self._any_unique(items)
+        return (
+            len(items),
+            chunks,
+            any_unique,
+            when,
+            after,
+            links,
+            on_conflict,
+            self.schema,
+            self._wakeup,
+        )
+
+    def _any_unique(self, payloads: list[BaseModel]) -> bool:
+        """Whether some of ``payloads`` are of a unique kind (nothing to look at when no kind
+        is: the plain path pays nothing)."""
+        if not any(k.options.unique for k in self):
+            return False
+        models = {type(p) for p in payloads}
+        return any(k.options.unique is not None for k in self if k.model in models)

@@ -1,0 +1,109 @@
+"""The notifier thread's I/O: its connection, the statement it sends, and the pipe that wakes it.
+
+Kept apart from the thread's bookkeeping (:mod:`~sqla_jobs.enqueue.notifier_thread`): nothing here
+takes its lock or keeps its state, so each function can be read without the other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+
+import psycopg
+from psycopg import sql
+
+from sqla_jobs.db.urls import KEEPALIVES
+
+Connection = psycopg.Connection[tuple[object, ...]]
+
+#: Quoted rows kept per notifier: an application with a queue per tenant does not grow it forever.
+ROWS_KEPT = 1024
+
+
+def connect(conninfo: str) -> Connection:
+    """A new autocommit connection to ``conninfo`` in libpq's non-blocking mode (a committing
+    thread writes to it without waiting); raises :class:`psycopg.Error` with nothing left open."""
+    conn = psycopg.connect(
+        conninfo,
+        **KEEPALIVES,
+        autocommit=True,
+        connect_timeout=5,
+        application_name=f"sqla-jobs notifier {os.getpid()}",
+    )
+    try:
+        conn.pgconn.nonblocking = 1
+    except psycopg.Error:
+        close_quietly(conn)
+        raise
+    return conn
+
+
+def close_quietly(conn: Connection) -> None:
+    try:
+        conn.close()
+    except Exception:
+        pass
+
+
+class Statements:
+    """Builds the statement that sends a batch of wakeups, quoting each (channel, queue) once."""
+
+    def __init__(self) -> None:
+        self._rows: dict[tuple[str, str], bytes] = {}
+
+    def build(self, conn: Connection, batch: list[tuple[str, str]]) -> bytes:
+        # One statement, its own implicit transaction: set_config(..., true) is SET LOCAL, in
+        # force when that transaction commits (and safe behind PgBouncer's transaction pooling).
+        if len(self._rows) > ROWS_KEPT:
+            self._rows.clear()
+        rows = []
+        for wakeup in batch:
+            row = self._rows.get(wakeup)
+            if row is None:
+                channel, queue = (sql.Literal(v).as_bytes(conn) for v in wakeup)
+                row = self._rows[wakeup] = b"(%s, %s)" % (channel, queue)
+            rows.append(row)
+        return (
+            b"SELECT pg_notify(c, q) FROM (SELECT set_config('synchronous_commit', 'off', true))"
+            b" AS lax, (VALUES %s) AS w (c, q)" % b", ".join(rows)
+        )
+
+
+class Waker:
+    """A pipe that wakes the thread from its wait on the connection's socket."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+
+    def poke(self) -> None:
+        """Wake the thread (the caller checks the pipe is still open: once closed, its numbers
+        may belong to others)."""
+        try:
+            os.write(self._write, b"x")
+        except OSError:
+            pass
+
+    def wait(self, sock: int | None, write: bool, timeout: float) -> tuple[bool, bool]:
+        """Wait up to ``timeout`` seconds for a poke, or for ``sock`` to be readable (or
+        writable, with ``write``); whether it is (readable, writable). A selector, not
+        select(): a busy process's descriptors can be past 1024."""
+        readable = writable = False
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._read, selectors.EVENT_READ)
+            if sock is not None:
+                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
+                selector.register(sock, events)
+            for key, mask in selector.select(timeout):
+                if key.fd == self._read:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._read, 4096)
+                else:
+                    readable = bool(mask & selectors.EVENT_READ)
+                    writable = bool(mask & selectors.EVENT_WRITE)
+        return readable, writable
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
