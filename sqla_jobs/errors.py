@@ -103,7 +103,13 @@ class StepError(SqlaJobsError):
 
 class NotMigratedError(SqlaJobsError):
     """The queue table is missing, in another schema than the one looked in, or older than this
-    version of sqla-jobs needs. ``problem`` says which; ``fix`` is a clause saying what to run or set ("to create it, run ...")."""
+    version of sqla-jobs needs. ``problem`` says which; ``fix`` is a clause saying what to run or
+    set ("to create it, run ...").
+
+    Raised by the CLI and the worker before they start, and by :meth:`Jobs.enqueue
+    <sqla_jobs.Jobs.enqueue>` (and the other enqueue calls) when the server refused the INSERT
+    for a missing table: unlike an :class:`EnqueueError`, the caller's transaction is then
+    aborted and must be rolled back. The driver's error is its ``__cause__``."""
 
     def __init__(self, problem: str, fix: str) -> None:
         super().__init__(f"{problem}; {fix}")

@@ -74,3 +74,19 @@ def _migrate(schema: str | None) -> str:
         f"run `alembic -x sqla_jobs_schema={schema} upgrade heads` (if your application uses "
         f"Alembic) or `sqla-jobs migrate --schema {schema}`"
     )
+
+
+def missing_queue_table(exc: BaseException, schema: str | None) -> NotMigratedError | None:
+    """The library's error for ``exc`` if it is the server saying one of sqla-jobs' tables does
+    not exist (undefined_table, 42P01, naming a ``sqla_jobs_`` relation), else None. Read from the
+    error the statement already got: the enqueue path never probes the catalog."""
+    cause = getattr(exc, "orig", None) or exc
+    code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
+    if code != "42P01" or "sqla_jobs_" not in str(cause):
+        return None
+    where = "the search_path" if schema is None else f'schema "{schema}"'
+    return NotMigratedError(
+        f"no queue table sqla_jobs_job in {where}: the database is not migrated, and this "
+        "transaction is aborted (roll it back)",
+        f"to create it, {_migrate(schema)}",
+    )

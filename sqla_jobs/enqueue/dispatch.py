@@ -14,10 +14,13 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from pydantic import BaseModel
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from sqla_jobs import links as _links
+from sqla_jobs.db.preflight import missing_queue_table
 from sqla_jobs.enqueue import insert as _insert
 from sqla_jobs.enqueue import unique as _unique
 from sqla_jobs.enqueue import validate as _validate
@@ -31,6 +34,10 @@ from sqla_jobs.unique import EnqueuedIds, OnConflict, check_on_conflict
 
 if TYPE_CHECKING:
     from sqla_jobs.hooks import Hooks
+
+#: What a statement of the enqueue raises from the server: SQLAlchemy's wrapper, or the driver's
+#: own error from the COPY path, which runs on the driver's connection.
+DB_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, psycopg.Error)
 
 #: What :func:`enqueue` takes after the session, as :meth:`EnqueuePlans._plan_one` returns it.
 OnePlan = tuple[
@@ -60,15 +67,19 @@ def enqueue(
     schema: str | None,
     wakeup: Wakeup,
 ) -> Job:
-    """Insert one planned job (unique or plain) and its links through ``session``."""
-    if job.unique is not None:
-        found = _unique.enqueue(
-            session, job, run_at, delay, schema=schema, wakeup=wakeup, on_conflict=on_conflict
-        )
-    else:
-        found = _insert.enqueue(session, job, run_at, delay, schema=schema, wakeup=wakeup)
-    if links:
-        _links.insert(session, [links], [found.id], schema, fresh=found.inserted is not False)
+    """Insert one planned job (unique or plain) and its links through ``session``; a database
+    never migrated raises :class:`~sqla_jobs.errors.NotMigratedError`."""
+    try:
+        if job.unique is not None:
+            found = _unique.enqueue(
+                session, job, run_at, delay, schema=schema, wakeup=wakeup, on_conflict=on_conflict
+            )
+        else:
+            found = _insert.enqueue(session, job, run_at, delay, schema=schema, wakeup=wakeup)
+        if links:
+            _links.insert(session, [links], [found.id], schema, fresh=found.inserted is not False)
+    except DB_ERRORS as exc:
+        raise missing_queue_table(exc, schema) or exc from exc
     return found
 
 
@@ -85,19 +96,29 @@ def enqueue_many(
     wakeup: Wakeup,
 ) -> EnqueuedIds:
     """Insert ``count`` planned jobs, validated a chunk at a time by ``chunks``, and their
-    links through ``session``; the unique path when ``any_unique``, else INSERT or COPY."""
-    if any_unique:
-        ids = _unique.enqueue_many(
-            session, chunks, run_at, delay, schema=schema, wakeup=wakeup, on_conflict=on_conflict
-        )
-    else:
-        ids = EnqueuedIds(
-            _insert.enqueue_many(
-                session, count, chunks, run_at, delay, schema=schema, wakeup=wakeup
+    links through ``session``; the unique path when ``any_unique``, else INSERT or COPY. A
+    database never migrated raises :class:`~sqla_jobs.errors.NotMigratedError`."""
+    try:
+        if any_unique:
+            ids = _unique.enqueue_many(
+                session,
+                chunks,
+                run_at,
+                delay,
+                schema=schema,
+                wakeup=wakeup,
+                on_conflict=on_conflict,
             )
-        )
-    if links:
-        _links.insert(session, links, ids, schema, fresh=not ids.duplicates)
+        else:
+            ids = EnqueuedIds(
+                _insert.enqueue_many(
+                    session, count, chunks, run_at, delay, schema=schema, wakeup=wakeup
+                )
+            )
+        if links:
+            _links.insert(session, links, ids, schema, fresh=not ids.duplicates)
+    except DB_ERRORS as exc:
+        raise missing_queue_table(exc, schema) or exc from exc
     return ids
 
 
