@@ -55,6 +55,7 @@ class Pages:
         where = _reads.JobFilter.parse(request.query_params)
         with self.dash.session() as session, session.begin():
             rows, older = _reads.job_page(session, self.dash.jobs, where)
+            stale = _reads.stale(session, self.dash.jobs, rows)
         nav = "jobs"
         if where.state in ("dead", "running") and not (where.queue or where.kind):
             nav = where.state
@@ -67,6 +68,7 @@ class Pages:
                 "older": older,
                 "states": STATES,
                 "actions_for": actions_for,
+                "stale": stale,
             },
             nav=nav,
         )
