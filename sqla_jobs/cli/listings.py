@@ -1,12 +1,14 @@
 """What ``sqla-jobs jobs list``, ``jobs show`` and ``queues`` read and how they print it: a table
 for people, JSON (one object per line) for programs. Payloads only on request (``jobs show
---payload``): they may hold personal data, and a listing is often pasted into a ticket.
+--payload``): they may hold personal data, and a listing is often pasted into a ticket. A running
+job whose worker is stale (:mod:`sqla_jobs.observe.stale`) is marked, in JSON as ``stale_worker``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,7 +21,8 @@ from sqla_jobs.cli.common import EXIT_NOT_APPLICABLE, CLIError, checked_name
 from sqla_jobs.cli.links import Linked, bad_value
 from sqla_jobs.cli.links import statement as linked_statement
 from sqla_jobs.jobs import Jobs
-from sqla_jobs.model import STATES, Job
+from sqla_jobs.model import STATES, Job, JobState
+from sqla_jobs.observe.stale import StaleHolder, stale_holders
 from sqla_jobs.observe.stats import _age
 from sqla_jobs.sql import listings as listings_sql
 
@@ -118,6 +121,15 @@ def list_jobs(session: Session, jobs: Jobs, query: JobQuery) -> list[Row[Any]]:
     return list(found)
 
 
+def stale_of(
+    session: Session, jobs: Jobs, rows: Sequence[Row[Any] | Job]
+) -> dict[int, StaleHolder]:
+    """Which of the running jobs in ``rows`` (listed, or :class:`Job` objects) run on a stale
+    worker."""
+    running = JobState.RUNNING.value
+    return stale_holders(session, jobs, [int(r.id) for r in rows if r.state == running])
+
+
 def _time(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
@@ -128,10 +140,18 @@ def _job_json(row: Any, columns: list[str]) -> dict[str, Any]:
     }
 
 
-def render_jobs(rows: list[Row[Any]], *, as_json: bool) -> str:
-    """Rows of :func:`list_jobs` as a table, or as JSON lines."""
+def render_jobs(
+    rows: list[Row[Any]], *, as_json: bool, stale: Mapping[int, StaleHolder] | None = None
+) -> str:
+    """Rows of :func:`list_jobs` as a table, or as JSON lines; the jobs in ``stale`` marked."""
+    stale = stale or {}
     if as_json:
-        return "\n".join(json.dumps(_job_json(r, list(r._fields))) for r in rows)
+        return "\n".join(
+            json.dumps(
+                _job_json(r, list(r._fields)) | {"stale_worker": _stale_json(stale.get(int(r.id)))}
+            )
+            for r in rows
+        )
     if not rows:
         return "(no jobs)"
     lines = [
@@ -142,11 +162,17 @@ def render_jobs(rows: list[Row[Any]], *, as_json: bool) -> str:
         error = (r.last_error or "").replace("\n", " ")
         if len(error) > ERROR_WIDTH:
             error = error[: ERROR_WIDTH - 3] + "..."
+        if (holder := stale.get(int(r.id))) is not None:
+            error = f"! {holder.note()}  {error}"
         lines.append(
             f"{r.id:>8}  {r.queue:<14} {r.kind:<20} {r.state:<9} "
             f"{f'{r.attempts}/{r.max_attempts}':>8}  {_clock(r.run_at):<19}  {error}".rstrip()
         )
     return "\n".join(lines)
+
+
+def _stale_json(holder: StaleHolder | None) -> dict[str, Any] | None:
+    return None if holder is None else holder.as_json()
 
 
 def _clock(value: datetime | None) -> str:
@@ -169,10 +195,13 @@ _SHOWN = [
 ]
 
 
-def render_job(job: Job, *, as_json: bool, payload: bool, traces: bool) -> str:
+def render_job(
+    job: Job, *, as_json: bool, payload: bool, traces: bool, stale: StaleHolder | None = None
+) -> str:
     """One job for ``jobs show``: every field but the payload (unless ``payload``); the errors'
-    tracebacks always in JSON, in text only with ``traces``."""
+    tracebacks always in JSON, in text only with ``traces``; ``stale``: its worker is stale."""
     data = {name: getattr(job, name) for name in _SHOWN}
+    data["stale_worker"] = _stale_json(stale)
     if payload:
         data["payload"] = job.payload
     if as_json:
@@ -192,6 +221,8 @@ def render_job(job: Job, *, as_json: bool, payload: bool, traces: bool) -> str:
         lines.append(f"  cancel asked   {_clock(job.cancel_requested_at)}")
     if job.locked_by is not None:
         lines.append(f"  locked_by      {job.locked_by} (lease to {_clock(job.lease_expires_at)})")
+    if stale is not None:
+        lines.append(f"  worker         ! {stale.note()}")
     if job.concurrency_key is not None:
         lines.append(f"  concurrency    {job.concurrency_key} (limit {job.concurrency_limit})")
     lines.append(f"  last_error     {job.last_error or '-'}")

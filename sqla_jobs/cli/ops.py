@@ -139,7 +139,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     query = listings.JobQuery.from_args(args)
     with open_session(args) as (jobs, session), session.begin():
         rows = listings.list_jobs(session, jobs, query)
-    _print(listings.render_jobs(rows, as_json=args.json))
+        stale = listings.stale_of(session, jobs, rows)
+    _print(listings.render_jobs(rows, as_json=args.json, stale=stale))
     return EXIT_OK
 
 
@@ -149,8 +150,9 @@ def cmd_show(args: argparse.Namespace) -> int:
         job = jobs.get(session, job_id)
         if job is None:
             raise listings.not_found(job_id)
+        stale = listings.stale_of(session, jobs, [job]).get(job.id)
         text = listings.render_job(
-            job, as_json=args.json, payload=args.payload, traces=args.traceback
+            job, as_json=args.json, payload=args.payload, traces=args.traceback, stale=stale
         )
     print(text)
     return EXIT_OK

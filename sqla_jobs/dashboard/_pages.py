@@ -77,6 +77,7 @@ class Pages:
         where = _reads.JobFilter.parse(request.query_params)
         with self.dash.session() as session, session.begin():
             rows, older = _reads.job_page(session, self.dash.jobs, where)
+            stale = _reads.stale(session, self.dash.jobs, rows)
         nav = "jobs"
         if where.state in ("dead", "running") and not (where.queue or where.kind):
             nav = where.state
@@ -90,6 +91,7 @@ class Pages:
                 "states": STATES,
                 "actions_for": actions_for,
                 "bulk": bulk_actions(where.state, (r.state for r in rows)),
+                "stale": stale,
             },
             nav=nav,
         )

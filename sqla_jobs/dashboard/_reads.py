@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.kinds import check_name
 from sqla_jobs.model import STATES
+from sqla_jobs.observe.stale import StaleHolder, stale_holders
 from sqla_jobs.observe.stats import by_state, queue_overview
 from sqla_jobs.sql import catalog as catalog_sql
 from sqla_jobs.sql import listings as listings_sql
@@ -97,6 +98,11 @@ def job_page(session: Session, jobs: Jobs, where: JobFilter) -> tuple[list[Row[A
     if len(rows) > PAGE_SIZE:
         return rows[:PAGE_SIZE], int(rows[PAGE_SIZE - 1].id)
     return rows, None
+
+
+def stale(session: Session, jobs: Jobs, rows: list[Row[Any]]) -> dict[int, StaleHolder]:
+    """Which of the running jobs in ``rows`` run on a stale worker (it missed two heartbeats)."""
+    return stale_holders(session, jobs, [int(r.id) for r in rows if r.state == "running"])
 
 
 def queues(session: Session, jobs: Jobs) -> dict[str, dict[str, Any]]:

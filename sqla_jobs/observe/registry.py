@@ -1,11 +1,13 @@
 """The worker's row in ``sqla_jobs_worker``, the registry of live workers (``sqla-jobs workers``).
 
-Written when the worker starts (on its first claim connection), moved forward by its reaper
-thread at each reap (no connection of its own), deleted when it stops gracefully. Each reap also
-deletes the rows whose ``expires_at`` has passed by the database's clock: workers killed, or away
-from the database for three of their beats. The registry is for people and dashboards; nothing
-the worker does depends on it, so a registry it may not write (a role without the grants of
-docs/roles.md, a database not yet migrated to ``sqla_jobs_0006``) is logged once and left alone.
+Written when the worker starts (on its first claim connection), moved forward by its heartbeat
+thread at each lease heartbeat (no connection of its own), deleted when it stops gracefully. Its
+``expires_at`` is two and a half beats ahead: past it, the worker missed two heartbeats and is
+shown stale, well before the leases that thread renews run out (at least three beats). Each reap
+deletes the rows stale for longer than a lease that hold no running job any more. The registry is
+for people and dashboards; nothing the worker does depends on it, so a registry it may not write
+(a role without the grants of docs/roles.md, a database not yet migrated to ``sqla_jobs_0006``)
+is logged once and left alone.
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from sqla_jobs.sql.compiled import compile_statement
 
 log = logging.getLogger("sqla_jobs.worker")
 
-#: A row expires this many beats after its last one.
-BEATS_TO_EXPIRE = 3
+#: A row is stale this many beats after its last one: two missed, with half a beat for a late one.
+BEATS_TO_STALE = 2.5
 
 
 class Registry:
-    """Worker ``name``'s row: what it works on, and its heartbeat every ``beat`` seconds."""
+    """Worker ``name``'s row: what it works on, and its heartbeat every ``beat`` seconds. Stale
+    rows are pruned ``grace`` seconds after they went stale, once they hold no running job."""
 
     def __init__(
         self,
@@ -39,6 +42,7 @@ class Registry:
         queues: Sequence[str],
         concurrency: int,
         beat: float,
+        grace: float,
     ) -> None:
         self._register = compile_statement(workers_sql.register_worker(), schema)
         self._unregister = compile_statement(workers_sql.unregister_worker(), schema)
@@ -50,8 +54,9 @@ class Registry:
             pid=os.getpid(),
             queues=list(queues),
             concurrency=concurrency,
-            ttl=timedelta(seconds=beat * BEATS_TO_EXPIRE),
+            ttl=timedelta(seconds=beat * BEATS_TO_STALE),
         )
+        self._prune_params = self._prune.params(grace=timedelta(seconds=grace))
         #: False once a write was refused (not a lost connection): the worker stops trying.
         self.enabled = True
 
@@ -64,14 +69,25 @@ class Registry:
         except psycopg.Error as exc:
             self._refused(exc)
 
-    def beat(self, conn: Conn) -> list[str]:
-        """Move the row's heartbeat forward and delete the stale rows (on the reaper's thread);
-        the names of the workers pruned. A lost connection raises; a refusal is logged."""
+    def beat(self, conn: Conn) -> None:
+        """Move the row's heartbeat forward (on the heartbeat thread). A lost connection raises; a
+        refusal is logged."""
+        if not self.enabled:
+            return
+        try:
+            conn.execute(self._register.sql, self._row)
+        except CONNECTION_ERRORS:
+            raise
+        except psycopg.Error as exc:
+            self._refused(exc)
+
+    def prune(self, conn: Conn) -> list[str]:
+        """Delete the rows long stale that hold no running job (on the reaper's thread); the names
+        of the workers pruned. A lost connection raises; a refusal is logged."""
         if not self.enabled:
             return []
         try:
-            conn.execute(self._register.sql, self._row)
-            gone = [str(r[0]) for r in conn.execute(self._prune.sql, self._prune.params())]
+            gone = [str(r[0]) for r in conn.execute(self._prune.sql, self._prune_params)]
         except CONNECTION_ERRORS:
             raise
         except psycopg.Error as exc:
@@ -101,6 +117,8 @@ class Registry:
             )
 
     def _refused(self, exc: psycopg.Error) -> None:
+        if not self.enabled:
+            return  # the other thread's write was refused at the same time, and said so
         self.enabled = False
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         log.warning(

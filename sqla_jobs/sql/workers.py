@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
     ARRAY,
+    BigInteger,
     Integer,
     Interval,
     Select,
     Text,
     bindparam,
     delete,
+    exists,
     func,
     literal_column,
     select,
@@ -21,6 +23,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_jobs.sql.tables import (
+    RUNNING,
+    job,
     registry,
 )
 
@@ -32,6 +36,7 @@ __all__ = [
     "list_workers",
     "prune_workers",
     "register_worker",
+    "stale_worker_jobs",
     "unregister_worker",
 ]
 
@@ -67,16 +72,27 @@ def unregister_worker() -> AnyDelete:
 
 
 def prune_workers() -> AnyDelete:
-    """Delete the rows of workers whose ``expires_at`` has passed by the database's clock (killed,
-    or away from the database for three of their heartbeats). Returns their names. A scan of a
-    table of a few rows; locks the rows it deletes (a worker's beat of its own row waits for it)."""
-    return delete(registry).where(registry.c.expires_at < func.now()).returning(registry.c.name)
+    """Delete the rows of workers stale for longer than ``grace`` (an interval) by the database's
+    clock (``expires_at`` passed: killed, or away from the database) that hold no running job any
+    more: a dead worker's row stays, marked stale, while the reaper has not yet taken its jobs.
+    Returns their names. A scan of a table of a few rows, and per stale row a probe of the
+    running jobs' partial index; locks the rows it deletes (a worker's beat of its own row waits
+    for it)."""
+    holds = exists().where(job.c.state == RUNNING, job.c.locked_by == registry.c.name)
+    return (
+        delete(registry)
+        .where(
+            registry.c.expires_at < func.now() - bindparam("grace", type_=Interval),
+            ~holds,
+        )
+        .returning(registry.c.name)
+    )
 
 
 def list_workers() -> Select[Any]:
     """Every registered worker, oldest first: name, host, pid, queues, concurrency, started_at,
     heartbeat_at, seconds since that heartbeat by the database's clock, and whether the row is
-    stale (``expires_at`` passed, not yet pruned). No locks."""
+    stale (``expires_at`` passed: it missed two heartbeats; not yet pruned). No locks."""
     since = func.date_part(literal_column("'epoch'"), func.now() - registry.c.heartbeat_at)
     return select(
         registry.c.name,
@@ -89,3 +105,27 @@ def list_workers() -> Select[Any]:
         since.label("heartbeat_age"),
         (registry.c.expires_at < func.now()).label("stale"),
     ).order_by(registry.c.started_at, registry.c.name)
+
+
+def stale_worker_jobs() -> Select[Any]:
+    """Which of the jobs ``ids`` (a bigint array) run on a stale worker (its row's ``expires_at``
+    passed): id, the worker's name, seconds since its last heartbeat by the database's clock, and
+    the job's ``lease_expires_at`` (when the reaper may take it back). For the listings of
+    running jobs, one statement per listing. No locks; a primary-key probe per id and of the
+    registry."""
+    since = func.date_part(literal_column("'epoch'"), func.now() - registry.c.heartbeat_at)
+    return (
+        select(
+            job.c.id,
+            job.c.locked_by,
+            since.label("heartbeat_age"),
+            job.c.lease_expires_at,
+        )
+        .join(registry, registry.c.name == job.c.locked_by)
+        .where(
+            job.c.id == func.any(bindparam("ids", type_=ARRAY(BigInteger))),
+            job.c.state == RUNNING,
+            registry.c.expires_at < func.now(),
+        )
+        .order_by(job.c.id)
+    )

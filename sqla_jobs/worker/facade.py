@@ -372,8 +372,7 @@ class Worker:
             cancel_channel=self.jobs.cancel_channel,
             on_cancel=self._slots.cancel,
             schema=self.jobs.schema,
-            beat=self.monitor.beat,
-            on_reaped=self.monitor.on_reaped,
+            monitor=self.monitor,
         )
         if self.scheduler is not None:
             self.scheduler.start()

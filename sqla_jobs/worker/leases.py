@@ -3,7 +3,9 @@
 It runs in its own OS thread on its own connection, so neither a handler that blocks the event loop
 nor a slow claim can starve a heartbeat, and the reaper (:mod:`sqla_jobs.worker.reaper`) never waits
 behind it. A row another session has locked is skipped, not waited for: it can delay at most its
-own renewal.
+own renewal. Each beat, after the renewal, also beats the worker's row in the registry of live
+workers (:mod:`sqla_jobs.observe.registry`): a worker is shown stale when the very thread its
+leases depend on stops beating, well before they run out.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import uuid
 from collections.abc import Callable, Collection
 from datetime import timedelta
 
-from sqla_jobs.db.connections import ConnectionThread, Connector
+from sqla_jobs.db.connections import Conn, ConnectionThread, Connector
 from sqla_jobs.sql.compiled import WorkerSQL
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -45,8 +47,9 @@ def held_params(held: Collection[Held]) -> dict[str, str]:
 
 class LeaseKeeper(ConnectionThread):
     """Every ``heartbeat`` seconds: extend the leases of ``snapshot()``'s jobs; report through
-    ``on_lost`` the ones another worker may own now. While ``paused`` is set, no heartbeat is
-    sent (a test's stand-in for a frozen process)."""
+    ``on_lost`` the ones another worker may own now; then call ``alive`` (if any) on its
+    connection (the registry's heartbeat). While ``paused`` is set, no heartbeat is sent (a
+    test's stand-in for a frozen process)."""
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class LeaseKeeper(ConnectionThread):
         on_lost: OnLost,
         on_cancel: Callable[[list[int]], None] | None = None,
         paused: threading.Event | None = None,
+        alive: Callable[[Conn], object] | None = None,
     ) -> None:
         # No startup options on this connection (PgBouncer refuses them): a renewal skips
         # locked rows, so it waits for no row lock anyway.
@@ -70,6 +74,7 @@ class LeaseKeeper(ConnectionThread):
         self._on_lost = on_lost
         self._on_cancel = on_cancel
         self._paused = paused or threading.Event()
+        self._alive = alive
         self._locked_before: set[Held] = set()
 
     def step(self) -> float:
@@ -79,6 +84,8 @@ class LeaseKeeper(ConnectionThread):
         self.connection()
         if not self._paused.is_set():
             self.beat()
+            if self._alive is not None:
+                self._alive(self.connection())
         return max(0.0, self._heartbeat - (time.monotonic() - started))
 
     def beat(self) -> None:

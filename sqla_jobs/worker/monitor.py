@@ -46,13 +46,15 @@ class Monitor:
         self._config = config
         self._connector = connector
         self.metrics = metrics
-        # The registry beats at the reaper's cadence, on the reaper's connection.
+        # The registry beats with the leases, on the heartbeat thread's connection: stale then
+        # means the leases are no longer renewed. A stale row is kept a lease longer.
         self.registry = Registry(
             schema=jobs.schema,
             name=name,
             queues=config.queues,
             concurrency=config.concurrency,
-            beat=config.reap_seconds,
+            beat=config.heartbeat_seconds,
+            grace=config.lease,
         )
         #: The per-minute counts this worker adds to ``sqla_jobs_throughput`` (None: off).
         self.tally = Tally(schema=jobs.schema, name=name) if throughput else None
@@ -79,9 +81,14 @@ class Monitor:
         if self.tally is not None:
             self.tally.reaped(kind, queue)
 
-    def beat(self, conn: Conn) -> None:
-        """At each reap, on the reaper's connection: beat the registry row, write the tally."""
+    def alive(self, conn: Conn) -> None:
+        """At each lease heartbeat, on the heartbeat thread's connection: beat the registry row."""
         self.registry.beat(conn)
+
+    def beat(self, conn: Conn) -> None:
+        """At each reap, on the reaper's connection: prune the stale registry rows, write the
+        tally."""
+        self.registry.prune(conn)
         if self.tally is not None:
             self.tally.flush(conn)
 

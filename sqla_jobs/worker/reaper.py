@@ -5,9 +5,10 @@ heartbeat) holds. It runs on its own thread and connection, on its own schedule,
 rounded up to a heartbeat tick and never waits behind a renewal. Each queue it puts jobs back into
 is notified, so idle workers pick the rescued jobs up at once instead of at their next poll.
 
-Each step also beats the worker's row in the registry of live workers (:mod:`sqla_jobs.observe.registry`),
-prunes the stale rows and writes the worker's throughput counts (:mod:`sqla_jobs.observe.tally`): on this
-connection, at this cadence, so neither costs a connection or thread of its own.
+Each step also prunes the long-stale rows of the registry of live workers
+(:mod:`sqla_jobs.observe.registry`) and writes the worker's throughput counts
+(:mod:`sqla_jobs.observe.tally`): on this connection, at this cadence, so neither costs a
+connection or thread of its own.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class Reaper(ConnectionThread):
         self._beat = beat
         self._on_reaped = on_reaped
         self.reaped = 0
-        #: Completed passes (heartbeat, counts, reap); tests watch it.
+        #: Completed passes (registry pruning, counts, reap); tests watch it.
         self.passes = 0
 
     def step(self) -> float:

@@ -11,6 +11,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Protocol
 
 from sqla_jobs.db.connections import Conn, Connector
 from sqla_jobs.observe.sampler import Sampler
@@ -26,6 +27,19 @@ from sqla_jobs.worker.reaper import Reaper
 from sqla_jobs.worker.wakeups import Wakeups
 
 
+class Beats(Protocol):
+    """What the worker's threads tell the rest of it (:class:`~sqla_jobs.worker.monitor.Monitor`)."""
+
+    def alive(self, conn: Conn) -> object:
+        """At each lease heartbeat, on the heartbeat thread's connection."""
+
+    def beat(self, conn: Conn) -> object:
+        """At each reap, on the reaper's connection."""
+
+    def on_reaped(self, kind: str, queue: str) -> None:
+        """A job of ``kind`` in ``queue`` was reaped (its worker crashed)."""
+
+
 def start_threads(
     *,
     connector: Connector,
@@ -39,14 +53,15 @@ def start_threads(
     cancel_channel: str,
     on_cancel: Callable[[list[int]], None],
     schema: str | None = None,
-    beat: Callable[[Conn], object] | None = None,
-    on_reaped: Callable[[str, str], None] | None = None,
+    monitor: Beats | None = None,
 ) -> tuple[LeaseKeeper, Reaper, Pruner | None, Listener | None]:
     """Start the heartbeat and reaper threads, the pruner unless the configuration keeps every
     finished job (``retention`` None or all forever), and the listener unless ``handoff`` is None
     (poll-only mode). ``on_cancel`` runs on the event loop with the ids of running jobs an
-    operator cancelled, heard on ``cancel_channel`` or from a heartbeat. The reaper calls
-    ``beat`` (the registry row, the throughput counts) at each step and tells ``on_reaped`` of each job it reaps."""
+    operator cancelled, heard on ``cancel_channel`` or from a heartbeat. The heartbeat thread
+    calls ``monitor.alive`` (the registry row) at each beat; the reaper calls ``monitor.beat``
+    (the registry's pruning, the throughput counts) at each step and tells ``monitor.on_reaped``
+    of each job it reaps."""
 
     def cancel_from_thread(ids: list[int]) -> None:
         wakeups.call_soon(on_cancel, ids)
@@ -60,6 +75,7 @@ def start_threads(
         on_lost=lambda held: wakeups.call_soon(holdings.lost, held),
         on_cancel=cancel_from_thread,
         paused=heartbeats_paused,
+        alive=None if monitor is None else monitor.alive,
     )
     leases.start()
     reaper = Reaper(
@@ -67,8 +83,8 @@ def start_threads(
         sql=sql,
         interval=config.reap_seconds,
         channel=channel,
-        beat=beat,
-        on_reaped=on_reaped,
+        beat=None if monitor is None else monitor.beat,
+        on_reaped=None if monitor is None else monitor.on_reaped,
     )
     reaper.start()
     pruner = None

@@ -540,9 +540,9 @@ def test_a_worker_registers_at_start_heartbeats_and_leaves_at_stop(
     quiet: Engine, migrated_url: str
 ) -> None:
     jobs, _ = make_jobs()
-    with running_workers(
-        jobs, migrated_url, queues=["m1", "m2"], concurrency=3, reap_interval=0.2
-    ) as [worker]:
+    with running_workers(jobs, migrated_url, queues=["m1", "m2"], concurrency=3, heartbeat=0.2) as [
+        worker
+    ]:
         row = registered(quiet)[worker.name]  # written before `started` is set
         assert (row.host, row.pid, row.queues, row.concurrency) == (
             socket.gethostname(),
@@ -559,23 +559,36 @@ def test_a_worker_registers_at_start_heartbeats_and_leaves_at_stop(
     assert worker.name not in registered(quiet)
 
 
-def test_a_stale_registry_row_is_pruned_by_another_workers_reaper(
+def test_a_stale_registry_row_is_pruned_by_another_workers_reaper_a_lease_later_once_its_jobs_are_gone(
     quiet: Engine, migrated_url: str
 ) -> None:
-    """A worker killed without stopping leaves its row; once its expires_at passes (by the
-    database's clock) any worker's reaper deletes it. (A real SIGKILL: tests/acceptance.)"""
+    """A worker killed without stopping leaves its row; it shows stale once its expires_at passes
+    (by the database's clock), and any worker's reaper deletes it a lease later (the reaper's
+    own), unless a job it held still runs: the row stays, marked stale, until the job is reaped.
+    (A real SIGKILL: tests/acceptance.)"""
     with quiet.begin() as conn:
         conn.execute(
             text(
                 "INSERT INTO sqla_jobs_worker (name, host, pid, queues, concurrency, expires_at) "
-                "VALUES ('killed', 'h', 1, '{m1}', 4, now() - interval '1 second'), "
+                "VALUES ('killed', 'h', 1, '{m1}', 4, now() - interval '1 minute'), "
+                "('holding', 'h', 3, '{m1}', 4, now() - interval '1 minute'), "
+                "('recent', 'h', 4, '{m1}', 4, now() - interval '1 second'), "
                 "('alive', 'h', 2, '{m1}', 4, now() + interval '1 hour')"
             )
         )
+        conn.execute(
+            text(
+                "INSERT INTO sqla_jobs_job (queue, kind, payload, state, attempts, locked_by, "
+                "lease_token, lease_expires_at) VALUES ('elsewhere', 'k', '{}', 'running', 1, "
+                "'holding', gen_random_uuid(), now() + interval '1 hour')"
+            )
+        )
     jobs, _ = make_jobs()
-    with running_workers(jobs, migrated_url, queues=["m1"], reap_interval=0.2) as [worker]:
+    with running_workers(jobs, migrated_url, queues=["m1"], lease=30, reap_interval=0.2) as [
+        worker
+    ]:
         wait_until(lambda: "killed" not in registered(quiet), what="the stale row is pruned")
-        assert {"alive", worker.name} <= set(registered(quiet))
+        assert {"alive", "holding", "recent", worker.name} <= set(registered(quiet))
 
 
 def test_a_worker_without_the_registry_table_works_and_says_so(
