@@ -4,7 +4,7 @@ run, and says the transaction is aborted; no SQL dumped, no catalog probe on the
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from pydantic import BaseModel
@@ -65,16 +65,15 @@ def test_an_enqueue_on_a_database_never_migrated_names_the_migration_and_the_abo
     bare: Engine, call: str
 ) -> None:
     jobs = _jobs()
+    calls: dict[str, Callable[[Session], object]] = {
+        "enqueue": lambda s: jobs.enqueue(s, Ping()),
+        "unique": lambda s: jobs.enqueue(s, Once()),
+        "enqueue_many": lambda s: jobs.enqueue_many(s, [Ping(n=i) for i in range(3)]),
+        "copy": lambda s: jobs.enqueue_many(s, [Ping(n=i) for i in range(5000)]),
+    }
     with Session(bare) as session, session.begin():
         with pytest.raises(NotMigratedError) as raised:
-            if call == "enqueue":
-                jobs.enqueue(session, Ping())
-            elif call == "unique":
-                jobs.enqueue(session, Once())
-            elif call == "enqueue_many":
-                jobs.enqueue_many(session, [Ping(n=i) for i in range(3)])
-            else:
-                jobs.enqueue_many(session, [Ping(n=i) for i in range(5000)])
+            calls[call](session)
         _assert_said(raised.value)
         # As said: the transaction is aborted, the caller's next statement is refused.
         with pytest.raises(InternalError, match="current transaction is aborted"):
@@ -114,7 +113,7 @@ def test_an_async_enqueue_on_a_database_never_migrated_says_the_same(bare: Engin
 def test_another_missing_table_is_the_drivers_error_unchanged(bare: Engine) -> None:
     """Only sqla-jobs' own tables are translated: the application's mistakes stay its own."""
     with Session(bare) as session, session.begin():
-        with pytest.raises(Exception, match="relation \"orders\" does not exist") as raised:
+        with pytest.raises(Exception, match='relation "orders" does not exist') as raised:
             session.execute(text("INSERT INTO orders VALUES (1)"))
         assert not isinstance(raised.value, NotMigratedError)
         session.rollback()
