@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -57,3 +61,32 @@ class WorkerProcess:
             wait_until(lambda: f"event={event}" in self.log, f"worker logs event={event}")
         except AssertionError as exc:
             raise AssertionError(f"{exc}; exit code {self.proc.poll()}; log:\n{self.log}") from None
+
+
+@contextlib.contextmanager
+def dashboard(
+    url: str, log: Path, *args: str, env: dict[str, str] | None = None, exit_0: bool = True
+) -> Iterator[int]:
+    """``sqla-jobs dashboard --port 0 ARGS`` on ``url``'s database, its output in ``log``; the port
+    it says it listens on. Stopped with SIGTERM at the end, which must exit 0 (``exit_0``)."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sqla_jobs.cli", "dashboard", "--port", "0", *args],
+            cwd=REPO,
+            env={**cli_env(url), **(env or {})},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        started = wait_until(
+            lambda: proc.poll() is not None or re.search(r"http://[^/\s]+:(\d+)/", log.read_text()),
+            "the dashboard says where it listens",
+        )
+        assert proc.poll() is None, log.read_text()
+        assert isinstance(started, re.Match)
+        yield int(started.group(1))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(30)
+    if exit_0:
+        assert code == 0, log.read_text()

@@ -4,7 +4,6 @@ credentials from the environment only, and a log that names the actions taken, n
 from __future__ import annotations
 
 import re
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,8 +13,7 @@ import httpx2
 import pytest
 from sqlalchemy import Engine, text
 
-from tests._waiting import wait_until
-from tests.acceptance._processes import REPO, cli_env, run_cli
+from tests.acceptance._processes import REPO, cli_env, dashboard, run_cli
 
 USER, PASSWORD = "ops", "correct horse battery staple"
 
@@ -61,42 +59,9 @@ def served(migrated_url: str, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """``sqla-jobs dashboard --port 0`` with credentials, on every interface; its base URL and
     its log. Stopped with SIGTERM at the end, which must exit 0."""
     log = tmp_path / "dashboard.log"
-    env = {
-        **cli_env(migrated_url),
-        "SQLA_JOBS_DASHBOARD_USER": USER,
-        "SQLA_JOBS_DASHBOARD_PASSWORD": PASSWORD,
-    }
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "sqla_jobs.cli",
-                "dashboard",
-                "--host",
-                "0.0.0.0",
-                "--port",
-                "0",
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        started = wait_until(
-            lambda: (
-                proc.poll() is not None or re.search(r"http://0\.0\.0\.0:(\d+)/", log.read_text())
-            ),
-            "the dashboard says where it listens",
-        )
-        assert proc.poll() is None, log.read_text()
-        assert isinstance(started, re.Match)
-        yield f"http://127.0.0.1:{started.group(1)}", log
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(30)
-    assert code == 0, log.read_text()
+    env = {"SQLA_JOBS_DASHBOARD_USER": USER, "SQLA_JOBS_DASHBOARD_PASSWORD": PASSWORD}
+    with dashboard(migrated_url, log, "--host", "0.0.0.0", env=env) as port:
+        yield f"http://127.0.0.1:{port}", log
 
 
 def test_it_serves_only_authenticated_requests_and_logs_actions_without_secrets(

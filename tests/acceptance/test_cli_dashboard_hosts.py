@@ -6,52 +6,22 @@ from __future__ import annotations
 
 import http.client
 import re
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
 
-from tests._waiting import wait_until
-from tests.acceptance._processes import REPO, cli_env
+from tests.acceptance._processes import dashboard
 
 USER, PASSWORD = "ops", "correct horse battery staple"
-
-
-def serve(url: str, log: Path, *args: str, env: dict[str, str] | None = None) -> Iterator[int]:
-    """``sqla-jobs dashboard --port 0 ARGS`` on 127.0.0.1; its port. SIGTERM at the end."""
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sqla_jobs.cli", "dashboard", "--port", "0", *args],
-            cwd=REPO,
-            env={**cli_env(url), **(env or {})},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        started = wait_until(
-            lambda: (
-                proc.poll() is not None or re.search(r"http://127\.0\.0\.1:(\d+)/", log.read_text())
-            ),
-            "the dashboard says where it listens",
-        )
-        assert proc.poll() is None, log.read_text()
-        assert isinstance(started, re.Match)
-        yield int(started.group(1))
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(30)
-    assert code == 0, log.read_text()
 
 
 @pytest.fixture
 def default_dashboard(migrated_url: str, tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """As a developer starts it: 127.0.0.1, no credentials, no other option."""
     log = tmp_path / "dashboard.log"
-    for port in serve(migrated_url, log):
+    with dashboard(migrated_url, log) as port:
         yield port, log
 
 
@@ -60,7 +30,7 @@ def open_dashboard(migrated_url: str, tmp_path: Path) -> Iterator[tuple[int, Pat
     """The default: 127.0.0.1, no credentials, and a proxy's name allowed by the environment."""
     log = tmp_path / "dashboard.log"
     env = {"SQLA_JOBS_DASHBOARD_ALLOWED_HOSTS": "jobs.example.com"}
-    for port in serve(migrated_url, log, "--allow-host", "other.example:8443", env=env):
+    with dashboard(migrated_url, log, "--allow-host", "other.example:8443", env=env) as port:
         yield port, log
 
 
@@ -142,7 +112,7 @@ def test_x_forwarded_for_is_not_believed_so_the_throttle_counts_the_real_address
 ) -> None:
     log = tmp_path / "dashboard.log"
     env = {"SQLA_JOBS_DASHBOARD_USER": USER, "SQLA_JOBS_DASHBOARD_PASSWORD": PASSWORD}
-    for port in serve(migrated_url, log, env=env):
+    with dashboard(migrated_url, log, env=env) as port:
         host = {"Host": f"127.0.0.1:{port}"}
         assert request(port, "GET", "/", host)[0] == 401, "the first challenge"
         wrong = {**host, "Authorization": "Basic b3BzOndyb25n"}  # ops:wrong

@@ -7,10 +7,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import re
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +23,7 @@ from sqlalchemy.pool import NullPool
 
 from sqla_jobs import Jobs
 from sqla_jobs.db.urls import sqlalchemy_url
-from tests._waiting import wait_until
-from tests.acceptance._processes import REPO, cli_env
+from tests.acceptance._processes import REPO, dashboard
 from tests.reliability import test_roles as doc
 from tests.reliability.test_roles import Roles
 
@@ -64,33 +59,10 @@ def base_url(
 ) -> Iterator[str]:
     """``sqla-jobs dashboard`` as the operator, with credentials, on a free port."""
     log = tmp_path_factory.mktemp("dashboard") / "dashboard.log"
-    env = {
-        **cli_env(doc_roles.url("operator")),
-        "SQLA_JOBS_DASHBOARD_USER": USER,
-        "SQLA_JOBS_DASHBOARD_PASSWORD": PASSWORD,
-    }
-    command = [sys.executable, "-m", "sqla_jobs.cli", "dashboard", "--port", "0"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [*command, "--schema", doc_roles.schema],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        started = wait_until(
-            lambda: (
-                proc.poll() is not None or re.search(r"http://127\.0\.0\.1:(\d+)/", log.read_text())
-            ),
-            "the dashboard says where it listens",
-        )
-        assert proc.poll() is None, log.read_text()
-        assert isinstance(started, re.Match)
-        yield f"http://127.0.0.1:{started.group(1)}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+    env = {"SQLA_JOBS_DASHBOARD_USER": USER, "SQLA_JOBS_DASHBOARD_PASSWORD": PASSWORD}
+    schema = ("--schema", doc_roles.schema)
+    with dashboard(doc_roles.url("operator"), log, *schema, env=env, exit_0=False) as port:
+        yield f"http://127.0.0.1:{port}"
     assert PASSWORD not in log.read_text()
 
 
