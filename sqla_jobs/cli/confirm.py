@@ -46,8 +46,10 @@ def _counted(
 
 def dry_run(session: Session, scope: Scope, verb: str, kind: str | None, queue: str | None) -> int:
     """Print what ``verb`` by filter would touch now; change nothing."""
-    for line in _counted(session, scope, verb, kind, queue).lines():
-        print("would " + line)
+    first, *rest = _counted(session, scope, verb, kind, queue).lines()
+    print("would " + first)
+    for line in rest:
+        print(line)
     return EXIT_OK
 
 
