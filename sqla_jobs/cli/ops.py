@@ -18,7 +18,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from sqla_jobs.cli import listings
+from sqla_jobs.cli import confirm, listings
 from sqla_jobs.cli.common import EXIT_OK, CLIError, add_database_options, checked_name, prepared_url
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.jobs import Jobs
@@ -60,7 +60,21 @@ def job_ids(values: Sequence[str]) -> list[int]:
 def _capped(ids: Sequence[int]) -> str:
     if len(ids) < FILTER_LIMIT:
         return ""
-    return f" (at most {FILTER_LIMIT} per run: run it again for the rest)"
+    return f" (at most {FILTER_LIMIT:,} per run: run it again for the rest)"
+
+
+@contextmanager
+def _transaction(session: Session, dry_run: bool) -> Iterator[None]:
+    """A transaction that commits, or with ``--dry-run`` rolls back: the operation runs and
+    checks as it would, and nothing stays changed."""
+    with session.begin() as transaction:
+        yield
+        if dry_run:
+            transaction.rollback()
+
+
+def _said(args: argparse.Namespace, done: str, would: str, ids: Sequence[int], what: str) -> str:
+    return said(f"would {would}" if args.dry_run else done, ids, what)
 
 
 def ids_or_all_dead(
@@ -80,24 +94,44 @@ def ids_or_all_dead(
 
 def cmd_retry(args: argparse.Namespace) -> int:
     ids, kind, queue = ids_or_all_dead(args, "retry")
-    with open_session(args) as (jobs, session), session.begin():
-        result = _ops.retry_detail(session, jobs._scope, ids or None, kind=kind, queue=queue)
+    with open_session(args) as (jobs, session):
+        bound = None
+        if not ids:
+            if args.dry_run:
+                return confirm.dry_run(session, jobs._scope, "retry", kind, queue)
+            bound = confirm.confirmed(args, session, jobs._scope, "retry", kind, queue)
+        with _transaction(session, args.dry_run):
+            result = _ops.retry_detail(
+                session, jobs._scope, ids or None, kind=kind, queue=queue, bound=bound
+            )
     done = result.retried
     if not done and not result.kept:
         print("no dead jobs to retry")
     elif done:
-        print(said("retried", done) + _capped(done))
+        print(_said(args, "retried", "retry", done, "job") + _capped(done))
     if result.kept:
         kept = ", ".join(f"{i} (held by job {h})" for i, h in result.kept.items())
-        print(f"kept {len(result.kept)} dead, their unique key held by another job: {kept}")
+        verb = "would keep" if args.dry_run else "kept"
+        print(f"{verb} {len(result.kept)} dead, their unique key held by another job: {kept}")
     return EXIT_OK
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     ids, kind, queue = ids_or_all_dead(args, "delete")
-    with open_session(args) as (jobs, session), session.begin():
-        done = jobs.delete(session, ids or None, kind=kind, queue=queue)
-    print(said("deleted", done) + _capped(done) if done else "no dead jobs to delete")
+    with open_session(args) as (jobs, session):
+        bound = None
+        if not ids:
+            if args.dry_run:
+                return confirm.dry_run(session, jobs._scope, "delete", kind, queue)
+            bound = confirm.confirmed(args, session, jobs._scope, "delete", kind, queue)
+        with _transaction(session, args.dry_run):
+            done = _ops.delete(
+                session, jobs._scope, ids or None, kind=kind, queue=queue, bound=bound
+            )
+    if done:
+        print(_said(args, "deleted", "delete", done, "job") + _capped(done))
+    else:
+        print("no dead jobs to delete")
     return EXIT_OK
 
 
@@ -108,14 +142,27 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     if not ids and not args.queue:
         raise CLIError("give the ids of the jobs to cancel, or --queue (and --kind)")
     kind, queue = checked_name("kind", args.kind), checked_name("queue", args.queue)
-    with open_session(args) as (jobs, session), session.begin():
-        result = jobs.cancel(session, ids or None, kind=kind, queue=queue)
+    with open_session(args) as (jobs, session):
+        bound = None
+        if not ids:
+            if args.dry_run:
+                return confirm.dry_run(session, jobs._scope, "cancel", kind, queue)
+            bound = confirm.confirmed(args, session, jobs._scope, "cancel", kind, queue)
+        with _transaction(session, args.dry_run):
+            result = _ops.cancel(
+                session, jobs._scope, ids or None, kind=kind, queue=queue, bound=bound
+            )
     if result.cancelled:
-        print(said("cancelled", result.cancelled, "pending job"))
+        print(_said(args, "cancelled", "cancel", result.cancelled, "pending job"))
     if result.requested:
-        print(
-            said("asked the workers to stop", result.requested, "running job") + RUNNING_CANCEL_NOTE
+        asked = _said(
+            args,
+            "asked the workers to stop",
+            "ask the workers to stop",
+            result.requested,
+            "running job",
         )
+        print(asked + RUNNING_CANCEL_NOTE)
     if not result.cancelled and not result.requested:
         print("no pending or running jobs to cancel")
     return EXIT_OK
@@ -228,17 +275,20 @@ def register(sub: Any, epilog: str) -> None:
     rt.add_argument("--all-dead", action="store_true", help="every dead job (with the filters)")
     rt.add_argument("--kind", help="with --all-dead: only this kind")
     rt.add_argument("--queue", help="with --all-dead: only this queue")
+    confirm.add_options(rt, "--all-dead")
 
     dl = leaf(js, "delete", cmd_delete, "delete dead, cancelled or kept completed jobs for good")
     dl.add_argument("ids", nargs="*", metavar="ID")
     dl.add_argument("--all-dead", action="store_true", help="every dead job (with the filters)")
     dl.add_argument("--kind", help="with --all-dead: only this kind")
     dl.add_argument("--queue", help="with --all-dead: only this queue")
+    confirm.add_options(dl, "--all-dead")
 
     cn = leaf(js, "cancel", cmd_cancel, "cancel pending jobs, and stop running ones")
     cn.add_argument("ids", nargs="*", metavar="ID")
     cn.add_argument("--queue", help="every pending and running job of this queue")
     cn.add_argument("--kind", help="with --queue: only this kind")
+    confirm.add_options(cn, "--queue")
 
     q = leaf(sub, "queues", cmd_queues, "jobs per queue and state, latency, paused or not")
     q.add_argument("--json", action="store_true", help="one JSON object per queue, one per line")

@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from sqla_jobs.dashboard._actions import Actions
+from sqla_jobs.dashboard._bulk import Bulk
 from sqla_jobs.dashboard._csrf import Csrf
 from sqla_jobs.dashboard._flash import Flashes
 from sqla_jobs.dashboard._hosts import AllowedHosts, host_entries
@@ -97,6 +98,7 @@ def create_app(
         owns_engine=owns_engine,
     )
     pages, actions = Pages(dash), Actions(dash)
+    bulk = Bulk(actions)
     routes = [
         Route("/", pages.queues, name="queues"),
         Route("/jobs", pages.jobs, name="jobs"),
@@ -108,6 +110,7 @@ def create_app(
         # Asked for by browsers unprompted, whatever the pages link to.
         Route("/favicon.ico", pages.static, name="favicon"),
         Route("/jobs/{verb:str}", actions.jobs, methods=["POST"], name="job_action"),
+        Route("/jobs/{verb:str}/matching", bulk.matching, methods=["POST"], name="bulk_action"),
         Route(
             "/queues/{queue:str}/{verb:str}", actions.queue, methods=["POST"], name="queue_action"
         ),

@@ -51,6 +51,13 @@ _NOTIFY = enqueue_sql.notify()
 RETRYABLE = (JobState.DEAD.value, JobState.CANCELLED.value, JobState.PENDING.value)
 CANCELLABLE = (JobState.PENDING.value, JobState.RUNNING.value)
 DELETABLE = (JobState.DEAD.value, JobState.CANCELLED.value, JobState.COMPLETED.value)
+#: The states an operation by filter selects, by operation: what it runs on and what a count of
+#: it (:mod:`sqla_jobs.operations.preview`) counts.
+FILTER_STATES = {
+    "retry": (JobState.DEAD.value,),
+    "delete": (JobState.DEAD.value,),
+    "cancel": CANCELLABLE,
+}
 
 #: What an operation is given: job ids (each must exist, in a state the operation applies to), a
 #: query of job ids (a SELECT, a UNION, a text(): a filter), or None (``kind`` and ``queue`` alone).
@@ -65,6 +72,16 @@ class CancelResult:
 
     cancelled: list[int] = field(default_factory=list)
     requested: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """What an operation by filter may touch at most, when an operator confirmed a count: the
+    jobs with ids up to ``max_id``, ``limit`` of them (at most :data:`FILTER_LIMIT`). Jobs that
+    match the filter after the count, with higher ids, are left for another run."""
+
+    max_id: int | None = None
+    limit: int = FILTER_LIMIT
 
 
 @dataclass(frozen=True)
@@ -91,6 +108,7 @@ def _targets(
     what: str,
     kind: str | None,
     queue: str | None,
+    bound: Bound | None = None,
 ) -> list[Any]:
     """The jobs an operation applies to, locked: ``ids`` checked (all exist, all in ``allowed``
     states), or those in ``filter_states`` matching ``kind`` and ``queue`` (and among the ids a
@@ -98,18 +116,21 @@ def _targets(
     if ids is None or isinstance(ids, Executable):
         if queue is not None:
             _check_queue(queue)
-        params: dict[str, Any] = {"states": list(filter_states), "kind": kind, "queue": queue}
+        bound = bound or Bound()
+        params: dict[str, Any] = {
+            "states": list(filter_states),
+            "kind": kind,
+            "queue": queue,
+            "max_id": bound.max_id,
+            "limit": min(bound.limit, FILTER_LIMIT),
+        }
         find = _FIND
         if ids is not None:
             # The application's own query, run as written: its tables are its own, so the
             # schema_translate_map that places the job table must not touch them.
             params["ids"] = sorted({int(i) for i in session.scalars(ids) if i is not None})
             find = _FIND_AMONG
-        return list(
-            session.execute(
-                find, {**params, "limit": FILTER_LIMIT}, execution_options=scope.options
-            )
-        )
+        return list(session.execute(find, params, execution_options=scope.options))
     wanted = sorted({int(i) for i in ids})
     rows = list(session.execute(_LOCK, {"ids": wanted}, execution_options=scope.options))
     missing = sorted(set(wanted) - {r[0] for r in rows})
@@ -159,9 +180,13 @@ def retry_detail(
     *,
     kind: str | None = None,
     queue: str | None = None,
+    bound: Bound | None = None,
 ) -> RetryResult:
-    """:func:`retry`, saying which jobs a retry by filter kept because of their unique key."""
-    rows = _targets(session, scope, ids, RETRYABLE, ("dead",), "retry", kind, queue)
+    """:func:`retry`, saying which jobs a retry by filter kept because of their unique key; a
+    retry by filter touches only jobs within ``bound`` when it is given."""
+    rows = _targets(
+        session, scope, ids, RETRYABLE, FILTER_STATES["retry"], "retry", kind, queue, bound
+    )
     if not rows:
         return RetryResult()
     targets = [r[0] for r in rows]
@@ -203,10 +228,13 @@ def cancel(
     *,
     kind: str | None = None,
     queue: str | None = None,
+    bound: Bound | None = None,
 ) -> CancelResult:
     """Cancel pending jobs, and ask the workers running running ones to stop them; without
-    ``ids``, the pending and running jobs of ``queue`` and ``kind``."""
-    rows = _targets(session, scope, ids, CANCELLABLE, CANCELLABLE, "cancel", kind, queue)
+    ``ids``, the pending and running jobs of ``queue`` and ``kind`` (within ``bound``)."""
+    rows = _targets(
+        session, scope, ids, CANCELLABLE, FILTER_STATES["cancel"], "cancel", kind, queue, bound
+    )
     pending = [r[0] for r in rows if r[1] == JobState.PENDING.value]
     running = [r[0] for r in rows if r[1] == JobState.RUNNING.value]
     options = scope.options
@@ -239,10 +267,13 @@ def delete(
     *,
     kind: str | None = None,
     queue: str | None = None,
+    bound: Bound | None = None,
 ) -> list[int]:
     """Delete finished jobs (dead, cancelled, or kept ``completed``); without ``ids``, the dead
-    jobs of ``kind`` and ``queue``. Returns the ids deleted."""
-    rows = _targets(session, scope, ids, DELETABLE, ("dead",), "delete", kind, queue)
+    jobs of ``kind`` and ``queue`` (within ``bound``). Returns the ids deleted."""
+    rows = _targets(
+        session, scope, ids, DELETABLE, FILTER_STATES["delete"], "delete", kind, queue, bound
+    )
     if not rows:
         return []
     targets = [r[0] for r in rows]

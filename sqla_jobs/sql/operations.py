@@ -10,6 +10,7 @@ from sqlalchemy import (
     ARRAY,
     BigInteger,
     Boolean,
+    ColumnElement,
     Select,
     Text,
     bindparam,
@@ -39,10 +40,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "cancel_pending",
+    "count_jobs",
     "delete_jobs",
     "find_jobs",
     "find_jobs_among",
     "lock_jobs",
+    "peek_jobs",
     "request_cancel",
     "retry_jobs",
     "set_queue_paused",
@@ -73,23 +76,56 @@ def lock_jobs() -> Select[Any]:
     )
 
 
-def find_jobs() -> Select[Any]:
-    """Up to ``limit`` jobs in one of ``states`` (a text array), of ``queue`` and ``kind`` when
-    given (NULL: any), oldest id first, locked as :func:`lock_jobs` locks them. For an operation
-    by filter (``retry --all-dead``, ``cancel --queue``). Served by the claim, running and
-    finished indexes' leading columns or a scan: operations are rare."""
+def _matching() -> tuple[ColumnElement[bool], ...]:
+    """The filter of an operation by filter, the one source for what it touches and for what
+    its count says: ``state`` one of ``states`` (a text array), of ``queue`` and ``kind`` when
+    given, and ``id <= max_id`` when given (NULL: any), so a count an operator confirmed bounds
+    the run that follows it."""
     kind = bindparam("kind", type_=Text)
     queue = bindparam("queue", type_=Text)
+    max_id = bindparam("max_id", type_=BigInteger)
+    return (
+        job.c.state == func.any(bindparam("states", type_=ARRAY(Text))),
+        or_(queue.is_(None), job.c.queue == queue),
+        or_(kind.is_(None), job.c.kind == kind),
+        or_(max_id.is_(None), job.c.id <= max_id),
+    )
+
+
+def find_jobs() -> Select[Any]:
+    """Up to ``limit`` jobs matching the filter (``states``, ``queue``, ``kind``, ``max_id``),
+    oldest id first, locked as :func:`lock_jobs` locks them. For an operation by filter
+    (``retry --all-dead``, ``cancel --queue``). Served by the claim, running and finished
+    indexes' leading columns or a scan: operations are rare."""
     return (
         select(*_OPERATED_COLUMNS)
-        .where(
-            job.c.state == func.any(bindparam("states", type_=ARRAY(Text))),
-            or_(queue.is_(None), job.c.queue == queue),
-            or_(kind.is_(None), job.c.kind == kind),
-        )
+        .where(*_matching())
         .order_by(job.c.id)
         .limit(bindparam("limit", type_=BigInteger))
         .with_for_update()
+    )
+
+
+def peek_jobs() -> Select[Any]:
+    """The id and state of the first ``limit`` jobs :func:`find_jobs` would lock, oldest id
+    first, without locking them: what an operation by filter would touch, shown before it runs
+    (``--dry-run``, the confirmation)."""
+    return (
+        select(job.c.id, job.c.state)
+        .where(*_matching())
+        .order_by(job.c.id)
+        .limit(bindparam("limit", type_=BigInteger))
+    )
+
+
+def count_jobs() -> Select[Any]:
+    """How many jobs match the filter of :func:`find_jobs`, by state, uncapped (the run itself is
+    capped; the count says how far beyond the cap the backlog goes). Locks nothing."""
+    return (
+        select(job.c.state, func.count().label("jobs"))
+        .where(*_matching())
+        .group_by(job.c.state)
+        .order_by(job.c.state)
     )
 
 

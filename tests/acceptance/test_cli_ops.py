@@ -207,11 +207,11 @@ def test_jobs_delete_by_id_and_all_dead_deletes_only_finished_jobs_of_the_filter
         make_dead(ops_effects, job_id)
     by_id = cli(migrated_url, "jobs", "delete", str(a))
     assert (by_id.returncode, by_id.stdout) == (0, f"deleted 1 job: {a}\n"), by_id.stderr
-    result = cli(migrated_url, "jobs", "delete", "--all-dead", "--queue", "ops")
+    result = cli(migrated_url, "jobs", "delete", "--all-dead", "--queue", "ops", "--yes")
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"deleted 1 job: {b}\n"
     assert {row[0]: row[1] for row in snapshot(ops_effects)} == {c: "dead", d: "pending"}
-    again = cli(migrated_url, "jobs", "delete", "--all-dead", "--queue", "ops")
+    again = cli(migrated_url, "jobs", "delete", "--all-dead", "--queue", "ops", "--yes")
     assert (again.returncode, again.stdout) == (0, "no dead jobs to delete\n")
 
 
@@ -223,12 +223,14 @@ def test_jobs_retry_all_dead_takes_only_the_dead_jobs_of_the_filters(
     (d,) = enqueue(ops_effects, "d")
     for job_id in (a, b, c):
         make_dead(ops_effects, job_id)
-    result = cli(migrated_url, "jobs", "retry", "--all-dead", "--queue", "ops", "--kind", "note")
+    result = cli(
+        migrated_url, "jobs", "retry", "--all-dead", "--queue", "ops", "--kind", "note", "--yes"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"retried 2 jobs: {a}, {b}\n"
     states = {row[0]: row[1] for row in snapshot(ops_effects)}
     assert states == {a: "pending", b: "pending", c: "dead", d: "pending"}
-    again = cli(migrated_url, "jobs", "retry", "--all-dead", "--queue", "ops")
+    again = cli(migrated_url, "jobs", "retry", "--all-dead", "--queue", "ops", "--yes")
     assert (again.returncode, again.stdout) == (0, "no dead jobs to retry\n")
 
 
@@ -253,7 +255,7 @@ def test_jobs_retry_of_a_job_whose_unique_key_is_taken_exits_6_and_changes_nothi
     )
     assert snapshot(ops_effects) == before
 
-    by_filter = cli(migrated_url, "jobs", "retry", "--all-dead")
+    by_filter = cli(migrated_url, "jobs", "retry", "--all-dead", "--yes")
     assert by_filter.returncode == 0, by_filter.stderr
     assert by_filter.stdout == (
         f"retried 1 job: {other}\n"
@@ -360,12 +362,12 @@ def test_jobs_cancel_by_queue_and_kind_leaves_other_queues_and_kinds_alone(
     a, b = enqueue(ops_effects, "a", "b")
     (c,) = enqueue(ops_effects, "c", kind="spin")
     (d,) = enqueue(ops_effects, "d", queue="other")
-    result = cli(migrated_url, "jobs", "cancel", "--queue", "ops", "--kind", "note")
+    result = cli(migrated_url, "jobs", "cancel", "--queue", "ops", "--kind", "note", "--yes")
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"cancelled 2 pending jobs: {a}, {b}\n"
     states = {row[0]: row[1] for row in snapshot(ops_effects)}
     assert states == {a: "cancelled", b: "cancelled", c: "pending", d: "pending"}
-    none = cli(migrated_url, "jobs", "cancel", "--queue", "empty")
+    none = cli(migrated_url, "jobs", "cancel", "--queue", "empty", "--yes")
     assert (none.returncode, none.stdout) == (0, "no pending or running jobs to cancel\n")
 
 
