@@ -26,12 +26,14 @@ from sqla_jobs.errors import (
     LeaseLostError,
     OperationError,
     PayloadTooLargeError,
+    QueueInUseError,
     RegistryError,
     ScheduleNotFoundError,
     SqlaJobsError,
     StepError,
     UniqueKeyTakenError,
     UnknownKindError,
+    UnknownQueueError,
 )
 from sqla_jobs.hooks import EnqueueBatch, Hooks, OutcomeEvent
 from sqla_jobs.jobs import Jobs
@@ -39,6 +41,7 @@ from sqla_jobs.kinds import Kind, KindOptions
 from sqla_jobs.links import link_table
 from sqla_jobs.model import Job, JobHistory, JobState, QueueState, metadata
 from sqla_jobs.operations.jobs import CancelResult
+from sqla_jobs.operations.queues import QueueChange
 from sqla_jobs.periodic.ops import ScheduleInfo
 from sqla_jobs.periodic.schedule import Periodic
 from sqla_jobs.retention import Retention
@@ -80,6 +83,8 @@ __all__ = [
     "OutcomeEvent",
     "PayloadTooLargeError",
     "Periodic",
+    "QueueChange",
+    "QueueInUseError",
     "QueueState",
     "RegistryError",
     "Retention",
@@ -91,6 +96,7 @@ __all__ = [
     "Unique",
     "UniqueKeyTakenError",
     "UnknownKindError",
+    "UnknownQueueError",
     "Worker",
     "link_table",
     "metadata",
