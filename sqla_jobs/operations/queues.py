@@ -46,23 +46,24 @@ def pause(session: Session, scope: Scope, queue: str, *, known_only: bool = Fals
     (:class:`UnknownQueueError`) before anything changed."""
     _check(queue)
     if known_only:
-        row = session.execute(_READ, {"queue": queue}, execution_options=scope.options).first()
+        row = session.execute(_READ, {"name": queue}, execution_options=scope.options).first()
         if row is None:
             names = known(session, scope)
             if queue not in names:
                 listed = ", ".join(names) if names else "none"
                 raise UnknownQueueError(
-                    f"unknown queue {queue!r}: no job, schedule or live worker names it "
+                    f"unknown queue {queue!r}: no pending, running or recent job, schedule or live "
+                    "worker names it "
                     f"(known queues: {listed}): nothing changed",
                     queue,
                     names,
                 )
     paused_at = session.execute(
-        _PAUSE, {"queue": queue}, execution_options=scope.options
+        _PAUSE, {"name": queue}, execution_options=scope.options
     ).scalar_one_or_none()
     if paused_at is not None:
         return QueueChange(queue, paused_at, True)
-    since = session.execute(_READ, {"queue": queue}, execution_options=scope.options).scalar_one()
+    since = session.execute(_READ, {"name": queue}, execution_options=scope.options).scalar_one()
     return QueueChange(queue, since, False)
 
 
@@ -70,7 +71,7 @@ def resume(session: Session, scope: Scope, queue: str) -> QueueChange:
     """Let workers claim from ``queue`` again, woken at commit; a queue that is not paused is left
     as it is (no row is created for it)."""
     _check(queue)
-    done = session.execute(_RESUME, {"queue": queue}, execution_options=scope.options).first()
+    done = session.execute(_RESUME, {"name": queue}, execution_options=scope.options).first()
     if done is not None:
         # Delivered at commit, like enqueue's: workers claim what was just made claimable.
         session.execute(_NOTIFY, {"channel": scope.channel, "queue": queue})
@@ -82,17 +83,17 @@ def forget(session: Session, scope: Scope, queue: str, *, force: bool = False) -
     jobs, a schedule or a live worker still name it (:func:`known` without the stored rows), since forgetting would resume it, unless
     ``force`` (then its workers are woken at commit). Returns whether there was a row."""
     _check(queue)
-    row = session.execute(_READ, {"queue": queue}, execution_options=scope.options).first()
+    row = session.execute(_READ, {"name": queue}, execution_options=scope.options).first()
     if row is None:
         return False
     paused = row.paused_at is not None
     if paused and not force and queue in _in_use(session, scope):
         raise QueueInUseError(
             f"queue {queue!r} is paused and still in use (jobs, a schedule or a live worker name "
-            "it): forgetting its row would resume it; resume it first, or force: nothing changed",
+            "it): forgetting its row would resume it, so nothing changed",
             queue,
         )
-    session.execute(_FORGET, {"queue": queue}, execution_options=scope.options)
+    session.execute(_FORGET, {"name": queue}, execution_options=scope.options)
     if paused:
         session.execute(_NOTIFY, {"channel": scope.channel, "queue": queue})
     return True

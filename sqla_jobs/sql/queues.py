@@ -51,11 +51,12 @@ KNOWN_THROUGHPUT_WINDOW: ColumnElement[Any] = literal_column("interval '7 days'"
 
 
 def _queue() -> Any:
-    return bindparam("queue", type_=Text)
+    # Not "queue": an UPDATE reserves a column's name for its SET values.
+    return bindparam("name", type_=Text)
 
 
 def pause_queue() -> AnyInsert:
-    """Pause queue ``queue``: insert its row paused since ``now()``, or set ``paused_at`` on its
+    """Pause queue ``name``: insert its row paused since ``now()``, or set ``paused_at`` on its
     row if it is not paused. Returns ``paused_at`` when this statement paused it, no row when it
     was paused already (the row is locked either way, so a concurrent resume waits). Primary key."""
     stmt = pg_insert(queue_state).values(queue=_queue(), paused_at=func.now())
@@ -67,7 +68,7 @@ def pause_queue() -> AnyInsert:
 
 
 def resume_queue() -> AnyUpdate:
-    """Resume queue ``queue`` if it is paused: clear ``paused_at`` on its row (kept, with
+    """Resume queue ``name`` if it is paused: clear ``paused_at`` on its row (kept, with
     ``updated_at``). A queue without a row is not paused and gets none. Returns the queue's name
     when it was paused, else no row. Primary key; locks the row."""
     return (
@@ -79,13 +80,13 @@ def resume_queue() -> AnyUpdate:
 
 
 def read_queue_state() -> Select[Any]:
-    """The row of queue ``queue``, locked (``FOR UPDATE``, so a decision on it holds until
+    """The row of queue ``name``, locked (``FOR UPDATE``, so a decision on it holds until
     commit): ``paused_at`` (NULL: active). No row: never paused. Primary key."""
     return select(queue_state.c.paused_at).where(queue_state.c.queue == _queue()).with_for_update()
 
 
 def forget_queue() -> AnyDelete:
-    """Delete the row of queue ``queue`` (its pause and ``updated_at``): the queue is active and
+    """Delete the row of queue ``name`` (its pause and ``updated_at``): the queue is active and
     shown only while jobs or workers name it. Returns ``paused_at`` if there was a row. Primary
     key."""
     return (
