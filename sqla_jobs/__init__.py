@@ -27,12 +27,14 @@ from sqla_jobs.errors import (
     NotMigratedError,
     OperationError,
     PayloadTooLargeError,
+    QueueInUseError,
     RegistryError,
     ScheduleNotFoundError,
     SqlaJobsError,
     StepError,
     UniqueKeyTakenError,
     UnknownKindError,
+    UnknownQueueError,
 )
 from sqla_jobs.hooks import EnqueueBatch, Hooks, OutcomeEvent
 from sqla_jobs.jobs import Jobs
@@ -40,6 +42,7 @@ from sqla_jobs.kinds import Kind, KindOptions
 from sqla_jobs.links import link_table
 from sqla_jobs.model import Job, JobHistory, JobState, QueueState, metadata
 from sqla_jobs.operations.jobs import CancelResult
+from sqla_jobs.operations.queues import QueueChange
 from sqla_jobs.periodic.ops import ScheduleInfo
 from sqla_jobs.periodic.schedule import Periodic
 from sqla_jobs.retention import Retention
@@ -82,6 +85,8 @@ __all__ = [
     "OutcomeEvent",
     "PayloadTooLargeError",
     "Periodic",
+    "QueueChange",
+    "QueueInUseError",
     "QueueState",
     "RegistryError",
     "Retention",
@@ -93,6 +98,7 @@ __all__ = [
     "Unique",
     "UniqueKeyTakenError",
     "UnknownKindError",
+    "UnknownQueueError",
     "Worker",
     "link_table",
     "metadata",

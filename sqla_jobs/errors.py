@@ -171,3 +171,23 @@ class UniqueKeyTakenError(OperationError):
     def __init__(self, message: str, held: dict[int, int]) -> None:
         super().__init__(message)
         self.held = held
+
+
+class UnknownQueueError(OperationError):
+    """A pause that asked for a known queue (``known_only=True``) named one that no pending or
+    running job, recent finished job, schedule, live worker or stored queue row names: likely a
+    typo. Nothing changed. ``known`` lists the queues the database knows of."""
+
+    def __init__(self, message: str, queue: str, known: list[str]) -> None:
+        super().__init__(message)
+        self.queue = queue
+        self.known = known
+
+
+class QueueInUseError(OperationError):
+    """A queue's row cannot be forgotten: the queue is paused and still in use (its jobs, a
+    schedule or a live worker name it), so forgetting the row would resume it. Nothing changed."""
+
+    def __init__(self, message: str, queue: str) -> None:
+        super().__init__(message)
+        self.queue = queue

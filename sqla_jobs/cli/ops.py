@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import create_engine
@@ -19,8 +20,16 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from sqla_jobs.cli import confirm, listings
-from sqla_jobs.cli.common import EXIT_OK, CLIError, add_database_options, checked_name, prepared_url
+from sqla_jobs.cli.common import (
+    EXIT_NOT_APPLICABLE,
+    EXIT_OK,
+    CLIError,
+    add_database_options,
+    checked_name,
+    prepared_url,
+)
 from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.errors import QueueInUseError, UnknownQueueError
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.observe.stats import queue_overview
 from sqla_jobs.operations import jobs as _ops
@@ -169,17 +178,57 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_pause(args: argparse.Namespace) -> int:
-    with open_session(args) as (jobs, session), session.begin():
-        jobs.pause_queue(session, args.name)
-    print(f"paused queue {args.name}: workers claim none of its jobs until it is resumed")
+    name = _queue_name(args)
+    try:
+        with open_session(args) as (jobs, session), session.begin():
+            change = jobs.pause_queue(session, name, known_only=not args.new)
+    except UnknownQueueError as exc:
+        raise CLIError(
+            f"{exc}; pass --new to pause it before its first job", EXIT_NOT_APPLICABLE
+        ) from None
+    if not change.changed:
+        print(f"queue {name} is already paused (since {_since(change.paused_at)})")
+    else:
+        print(f"paused queue {name}: workers claim none of its jobs until it is resumed")
     return EXIT_OK
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    name = _queue_name(args)
     with open_session(args) as (jobs, session), session.begin():
-        jobs.resume_queue(session, args.name)
-    print(f"resumed queue {args.name}")
+        change = jobs.resume_queue(session, name)
+    print(f"resumed queue {name}" if change.changed else f"queue {name} was not paused")
     return EXIT_OK
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    name = _queue_name(args)
+    try:
+        with open_session(args) as (jobs, session), session.begin():
+            forgotten = jobs.forget_queue(session, name, force=args.force)
+            known = [] if forgotten else jobs.known_queues(session)
+    except QueueInUseError as exc:
+        raise CLIError(
+            f"{exc}; resume it first, or pass --force to forget it anyway", EXIT_NOT_APPLICABLE
+        ) from None
+    if not forgotten:
+        listed = ", ".join(known) if known else "none"
+        raise CLIError(
+            f"queue {name!r} has no stored state: nothing to forget (known queues: {listed})",
+            EXIT_NOT_APPLICABLE,
+        )
+    print(f"forgot queue {name}: it is active, and listed only while jobs or workers name it")
+    return EXIT_OK
+
+
+def _queue_name(args: argparse.Namespace) -> str:
+    name = checked_name("queue", args.name)
+    assert name is not None  # a positional argument
+    return name
+
+
+def _since(when: datetime | None) -> str:
+    return "-" if when is None else when.isoformat(sep=" ", timespec="seconds")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -296,8 +345,23 @@ def register(sub: Any, epilog: str) -> None:
     for name, func, help in (
         ("pause", cmd_pause, "stop every worker from claiming the queue's jobs"),
         ("resume", cmd_resume, "let workers claim the queue's jobs again"),
+        ("forget", cmd_forget, "delete the queue's stored state (its pause), for a queue unused"),
     ):
         p = qs.add_parser(name, help=help, epilog=epilog)
         add_database_options(p, suppress=True)
         p.add_argument("name", metavar="NAME")
         p.set_defaults(func=func)
+        if name == "pause":
+            p.add_argument(
+                "--new",
+                action="store_true",
+                help="pause a queue no job, schedule or live worker names yet (else refused, "
+                "exit 6, as a likely typo)",
+            )
+        elif name == "forget":
+            p.add_argument(
+                "--force",
+                action="store_true",
+                help="forget a paused queue still in use (its jobs, a schedule or a live worker "
+                "name it): this resumes it",
+            )

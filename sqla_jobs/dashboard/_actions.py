@@ -29,7 +29,8 @@ from sqla_jobs.dashboard._csrf import FIELD
 from sqla_jobs.dashboard._flash import Flash
 from sqla_jobs.dashboard._render import Dashboard, link
 from sqla_jobs.dashboard._security import USER_KEY, client_address
-from sqla_jobs.errors import OperationError
+from sqla_jobs.errors import OperationError, UnknownQueueError
+from sqla_jobs.jobs import Jobs
 from sqla_jobs.operations.jobs import RUNNING_CANCEL_NOTE, said
 
 log = logging.getLogger("sqla_jobs.dashboard")
@@ -73,6 +74,19 @@ def _cancelled(result: Any) -> str:
     return "; ".join(parts) or "nothing to cancel"
 
 
+def _check_listed(session: Session, jobs: Jobs, queue: str) -> None:
+    # The page offers Pause on the queues it lists, and only those: a forged form naming any
+    # other would pause a name into existence, which the CLI refuses too.
+    listed = list(_reads.queues(session, jobs))
+    if queue not in listed:
+        raise UnknownQueueError(
+            f"unknown queue {queue!r}: no job, schedule or live worker names it (known queues: "
+            f"{', '.join(listed) or 'none'}): nothing changed",
+            queue,
+            listed,
+        )
+
+
 class Actions:
     """The POST endpoints of one dashboard."""
 
@@ -107,12 +121,16 @@ class Actions:
 
             def run(session: Session) -> str:
                 if verb == "pause":
-                    jobs.pause_queue(session, queue)
+                    _check_listed(session, jobs, queue)
+                    change = jobs.pause_queue(session, queue)
+                    if not change.changed:
+                        return f"queue {queue} is already paused (since {change.paused_at:%Y-%m-%d %H:%M:%S %Z})"
                     return (
                         f"paused queue {queue}: workers claim none of its jobs until it is resumed"
                     )
-                jobs.resume_queue(session, queue)
-                return f"resumed queue {queue}"
+                if jobs.resume_queue(session, queue).changed:
+                    return f"resumed queue {queue}"
+                return f"queue {queue} was not paused"
 
             return run
 

@@ -1,5 +1,5 @@
-"""The operations half of the ``Jobs`` facade: retry, cancel, delete, pause, resume and get, sync and
-async, each in the caller's own transaction (see :mod:`sqla_jobs.operations.jobs` for the rules)."""
+"""The operations half of the ``Jobs`` facade: retry, cancel, delete, get; pause, resume and forget a
+queue; sync and async, each in the caller's own transaction (see :mod:`sqla_jobs.operations.jobs` for the rules)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ from sqlalchemy.orm import Session, scoped_session
 from sqla_jobs.db.sessions import current, current_async
 from sqla_jobs.model import Job
 from sqla_jobs.operations import jobs as _ops
+from sqla_jobs.operations import queues as _queues
 from sqla_jobs.operations.jobs import CancelResult
+from sqla_jobs.operations.queues import QueueChange
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
@@ -135,29 +137,74 @@ class Operations:
             lambda s: _ops.delete(s, self._scope, ids, kind=kind, queue=queue)
         )
 
-    def pause_queue(self, session: Session | scoped_session[Any], name: str) -> None:
+    def pause_queue(
+        self, session: Session | scoped_session[Any], name: str, *, known_only: bool = False
+    ) -> QueueChange:
         """Stop every worker from claiming from queue ``name``, from their next claim after the
         commit on, until :meth:`resume_queue`. Stored in the database: it holds across worker
-        restarts and for workers started later. Running jobs finish; enqueue still works."""
-        _ops.set_paused(current(session), self._scope, name, True)
+        restarts and for workers started later. Running jobs finish; enqueue still works.
+
+        A queue may be paused before its first job exists (its row is created). Pausing a paused
+        queue changes nothing and keeps its first time (``changed`` False). With ``known_only``,
+        a queue that is not paused and that :meth:`known_queues` does not list raises
+        :class:`~sqla_jobs.UnknownQueueError` before anything changed: for a name typed by a
+        person. Returns the queue's state after the call."""
+        return _queues.pause(current(session), self._scope, name, known_only=known_only)
 
     async def pause_queue_async(
-        self, session: AsyncSession | async_scoped_session[Any], name: str
-    ) -> None:
+        self,
+        session: AsyncSession | async_scoped_session[Any],
+        name: str,
+        *,
+        known_only: bool = False,
+    ) -> QueueChange:
         """:meth:`pause_queue` for an ``AsyncSession``."""
-        await current_async(session).run_sync(lambda s: _ops.set_paused(s, self._scope, name, True))
+        return await current_async(session).run_sync(
+            lambda s: _queues.pause(s, self._scope, name, known_only=known_only)
+        )
 
-    def resume_queue(self, session: Session | scoped_session[Any], name: str) -> None:
-        """Let workers claim from queue ``name`` again; they are woken at commit."""
-        _ops.set_paused(current(session), self._scope, name, False)
+    def resume_queue(self, session: Session | scoped_session[Any], name: str) -> QueueChange:
+        """Let workers claim from queue ``name`` again; they are woken at commit. A queue that is
+        not paused is left as it is (``changed`` False; no row is created for it)."""
+        return _queues.resume(current(session), self._scope, name)
 
     async def resume_queue_async(
         self, session: AsyncSession | async_scoped_session[Any], name: str
-    ) -> None:
+    ) -> QueueChange:
         """:meth:`resume_queue` for an ``AsyncSession``."""
-        await current_async(session).run_sync(
-            lambda s: _ops.set_paused(s, self._scope, name, False)
+        return await current_async(session).run_sync(lambda s: _queues.resume(s, self._scope, name))
+
+    def forget_queue(
+        self, session: Session | scoped_session[Any], name: str, *, force: bool = False
+    ) -> bool:
+        """Delete queue ``name``'s stored row (its pause and when it was last changed), so that a
+        queue no longer used leaves the listings. Returns False if there was no row.
+
+        A paused queue that jobs, a schedule or a live worker still name is refused
+        (:class:`~sqla_jobs.QueueInUseError`, nothing changed), since forgetting its row resumes
+        it; ``force`` forgets it anyway and wakes its workers at commit. Forgetting a paused queue
+        nothing names (a typo) needs no ``force``."""
+        return _queues.forget(current(session), self._scope, name, force=force)
+
+    async def forget_queue_async(
+        self,
+        session: AsyncSession | async_scoped_session[Any],
+        name: str,
+        *,
+        force: bool = False,
+    ) -> bool:
+        """:meth:`forget_queue` for an ``AsyncSession``."""
+        return await current_async(session).run_sync(
+            lambda s: _queues.forget(s, self._scope, name, force=force)
         )
+
+    def known_queues(self, session: Session | scoped_session[Any]) -> list[str]:
+        """The queues the database knows of, by name: those with pending or running jobs, with
+        jobs finished in the last 7 days (as far as the throughput counts are kept), of a
+        schedule's last job, served by a live worker, or with a stored row (paused, or resumed
+        and not forgotten). Reads indexes and small tables only, never every job; dead and
+        cancelled jobs older than the throughput counts do not make a queue known. No locks."""
+        return _queues.known(current(session), self._scope)
 
     def get(self, session: Session | scoped_session[Any], job_id: int) -> Job | None:
         """The job ``job_id`` as ``session``'s transaction sees it, or None (a job that

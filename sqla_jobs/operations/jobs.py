@@ -1,8 +1,8 @@
-"""The operations: retry, cancel, delete, pause and resume a queue, get a job; in the caller's
-Session.
+"""The operations on jobs: retry, cancel, delete, get a job; in the caller's Session (a queue's
+pause: :mod:`sqla_jobs.operations.queues`).
 
 Like enqueue, they ride the caller's transaction: nothing happens unless it commits, and a
-rollback undoes all of it; workers hear of a cancel or a resumed queue at commit (NOTIFY). Given
+rollback undoes all of it; workers hear of a cancel or a retried job at commit (NOTIFY). Given
 explicit ids, an operation first locks those jobs and checks them all: an unknown id or a job in a
 state the operation does not apply to raises before anything changed, and the transaction stays
 usable. Given a SELECT of job ids (the jobs linked to a row of the application's), it is a filter,
@@ -45,7 +45,6 @@ _HOLDERS = unique_sql.unique_holders()
 _CANCEL_PENDING = operations_sql.cancel_pending()
 _REQUEST_CANCEL = operations_sql.request_cancel()
 _DELETE = operations_sql.delete_jobs()
-_SET_PAUSED = operations_sql.set_queue_paused()
 _NOTIFY = enqueue_sql.notify()
 
 RETRYABLE = (JobState.DEAD.value, JobState.CANCELLED.value, JobState.PENDING.value)
@@ -293,16 +292,6 @@ def delete(
             targets,
             detail,
         ) from None
-
-
-def set_paused(session: Session, scope: Scope, queue: str, paused: bool) -> None:
-    """Pause or resume ``queue`` for every worker; a resume wakes its workers at commit."""
-    _check_queue(queue)
-    session.execute(
-        _SET_PAUSED, {"queue": queue, "paused": paused}, execution_options=scope.options
-    )
-    if not paused:
-        _wake(session, scope, {queue})
 
 
 def get(session: Session, scope: Scope, job_id: int) -> Job | None:

@@ -1,5 +1,5 @@
 """What an operator does to jobs and queues (:mod:`sqla_jobs.operations`): lock or find the jobs,
-then retry, cancel, request a cancel, delete; pause and resume queues.
+then retry, cancel, request a cancel, delete (a queue's pause: :mod:`~sqla_jobs.sql.queues`).
 """
 
 from __future__ import annotations
@@ -9,12 +9,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import (
     ARRAY,
     BigInteger,
-    Boolean,
     ColumnElement,
     Select,
     Text,
     bindparam,
-    case,
     delete,
     func,
     null,
@@ -22,7 +20,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sqla_jobs.sql.tables import (
     CANCELLED,
@@ -31,11 +28,10 @@ from sqla_jobs.sql.tables import (
     RUNNING,
     ids_param,
     job,
-    queue_state,
 )
 
 if TYPE_CHECKING:
-    from sqla_jobs.sql.tables import AnyDelete, AnyInsert, AnyUpdate
+    from sqla_jobs.sql.tables import AnyDelete, AnyUpdate
 
 
 __all__ = [
@@ -48,7 +44,6 @@ __all__ = [
     "peek_jobs",
     "request_cancel",
     "retry_jobs",
-    "set_queue_paused",
 ]
 
 
@@ -194,22 +189,3 @@ def request_cancel() -> AnyUpdate:
         .values(cancel_requested_at=func.coalesce(job.c.cancel_requested_at, func.now()))
         .returning(job.c.id)
     )
-
-
-def set_queue_paused() -> AnyInsert:
-    """Pause (``paused`` true) or resume queue ``queue``: one row per queue an operator touched,
-    upserted; a pause keeps its first time. Returns whether it is paused now and since when."""
-    paused = bindparam("paused", type_=Boolean)
-    stmt = pg_insert(queue_state).values(
-        queue=bindparam("queue", type_=Text),
-        paused_at=case((paused, func.now()), else_=null()),
-    )
-    return stmt.on_conflict_do_update(
-        index_elements=[queue_state.c.queue],
-        set_={
-            "paused_at": case(
-                (paused, func.coalesce(queue_state.c.paused_at, func.now())), else_=null()
-            ),
-            "updated_at": func.now(),
-        },
-    ).returning(queue_state.c.paused_at)

@@ -380,7 +380,7 @@ def test_queues_lists_depth_by_state_latency_and_pauses_including_queues_without
         ops_effects,
         "UPDATE sqla_jobs_job SET run_at = now() - interval '90 seconds' WHERE state = 'pending'",
     )
-    paused = cli(migrated_url, "queues", "pause", "archive")
+    paused = cli(migrated_url, "queues", "pause", "archive", "--new")
     assert paused.returncode == 0, paused.stderr
     assert paused.stdout.startswith("paused queue archive")
     # Live workers serving a queue are counted there, a stale one not; a queue only a worker
@@ -452,10 +452,85 @@ def test_queues_pause_or_resume_of_a_bad_name_exits_2_and_changes_nothing(
     assert snapshot(ops_effects) == []
 
 
+def test_queues_pause_of_a_queue_nothing_names_exits_6_naming_the_known_queues(
+    ops_effects: Engine, migrated_url: str
+) -> None:
+    enqueue(ops_effects, "a", queue="mail")
+    (running,) = enqueue(ops_effects, "b", queue="reports")
+    make_running(ops_effects, running)
+    before = snapshot(ops_effects)
+    typo = cli(migrated_url, "queues", "pause", "alpah")
+    assert typo.returncode == 6, typo.stderr
+    assert_one_line_error(typo.stderr, "unknown queue 'alpah'")
+    assert "known queues: mail, reports" in typo.stderr
+    assert "--new" in typo.stderr
+    assert snapshot(ops_effects) == before
+    listed = cli(migrated_url, "queues", "--json")
+    assert "alpah" not in listed.stdout
+    intended = cli(migrated_url, "queues", "pause", "alpah", "--new")
+    assert intended.returncode == 0, intended.stderr
+    assert intended.stdout.startswith("paused queue alpah")
+    known = cli(migrated_url, "queues", "pause", "mail")
+    assert known.returncode == 0, known.stderr
+
+
+def test_queues_pause_of_a_paused_queue_says_since_when_and_resume_of_an_active_one_says_so(
+    ops_effects: Engine, migrated_url: str
+) -> None:
+    enqueue(ops_effects, "a", queue="mail")
+    first = cli(migrated_url, "queues", "pause", "mail")
+    assert first.stdout.startswith("paused queue mail:")
+    (since,) = [q[1] for q in snapshot(ops_effects) if q[0] == "mail"]
+    again = cli(migrated_url, "queues", "pause", "mail")
+    assert again.returncode == 0, again.stderr
+    expected = since.isoformat(sep=" ", timespec="seconds")
+    assert again.stdout == f"queue mail is already paused (since {expected})\n"
+    resumed = cli(migrated_url, "queues", "resume", "mail")
+    assert resumed.stdout == "resumed queue mail\n"
+    not_paused = cli(migrated_url, "queues", "resume", "mail")
+    assert (not_paused.returncode, not_paused.stdout) == (0, "queue mail was not paused\n")
+
+
+def test_queues_resume_of_a_queue_never_paused_stores_nothing(
+    ops_effects: Engine, migrated_url: str
+) -> None:
+    result = cli(migrated_url, "queues", "resume", "alpah")
+    assert (result.returncode, result.stdout) == (0, "queue alpah was not paused\n")
+    assert snapshot(ops_effects) == []
+    assert cli(migrated_url, "queues", "--json").stdout == ""
+
+
+def test_queues_forget_deletes_a_queues_row_and_refuses_to_resume_a_paused_queue_in_use(
+    ops_effects: Engine, migrated_url: str
+) -> None:
+    enqueue(ops_effects, "a", queue="mail")
+    cli(migrated_url, "queues", "pause", "alpah", "--new")
+    forgot = cli(migrated_url, "queues", "forget", "alpah")
+    assert forgot.returncode == 0, forgot.stderr
+    assert forgot.stdout.startswith("forgot queue alpah")
+    assert "alpah" not in cli(migrated_url, "queues", "--json").stdout
+    nothing = cli(migrated_url, "queues", "forget", "alpah")
+    assert nothing.returncode == 6
+    assert_one_line_error(nothing.stderr, "queue 'alpah' has no stored state: nothing to forget")
+
+    cli(migrated_url, "queues", "pause", "mail")
+    before = snapshot(ops_effects)
+    in_use = cli(migrated_url, "queues", "forget", "mail")
+    assert in_use.returncode == 6
+    assert_one_line_error(in_use.stderr, "queue 'mail' is paused and still in use")
+    assert "--force" in in_use.stderr
+    assert snapshot(ops_effects) == before
+    forced = cli(migrated_url, "queues", "forget", "mail", "--force")
+    assert forced.returncode == 0, forced.stderr
+    assert not [q for q in snapshot(ops_effects) if q[0] == "mail"]
+
+
 def test_queues_takes_the_database_url_before_or_after_the_subcommand(
     ops_effects: Engine, migrated_url: str
 ) -> None:
-    before = run_cli("queues", "--database-url", migrated_url, "pause", "q1", database_url=None)
+    before = run_cli(
+        "queues", "--database-url", migrated_url, "pause", "q1", "--new", database_url=None
+    )
     assert before.returncode == 0, before.stderr
     after = run_cli("queues", "resume", "q1", "--database-url", migrated_url, database_url=None)
     assert after.returncode == 0, after.stderr
@@ -467,7 +542,7 @@ def test_stats_json_breaks_jobs_down_per_queue_and_per_kind(
     a, _b = enqueue(ops_effects, "a", "b")
     enqueue(ops_effects, "c", kind="spin", queue="other")
     make_dead(ops_effects, a)
-    cli(migrated_url, "queues", "pause", "idle")
+    cli(migrated_url, "queues", "pause", "idle", "--new")
     result = cli(migrated_url, "stats", "--json")
     assert result.returncode == 0, result.stderr
     stats = json.loads(result.stdout)

@@ -133,7 +133,7 @@ COMMANDS = [
     ("stats",),
     ("jobs", "list"),
     ("queues",),
-    ("queues", "pause", "url-test"),
+    ("queues", "pause", "url-test", "--new"),
     ("queues", "resume", "url-test"),
     ("schedules", "list", "tests.acceptance.schedules_app:jobs"),
     ("prune", "--older-than", "7d", "--dry-run"),

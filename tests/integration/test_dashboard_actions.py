@@ -88,6 +88,27 @@ def test_pause_and_resume_a_queue(clean: Engine) -> None:
     assert not paused(clean, "mail")
 
 
+def test_a_forged_pause_of_a_queue_the_page_does_not_list_is_refused(clean: Engine) -> None:
+    with clean.begin() as conn:
+        conn.execute(text("TRUNCATE sqla_jobs_queue"))
+    add_jobs(clean, make_jobs())
+    with dashboard(clean) as client:
+        done = post(client, "/queues/alpah/pause")
+        level, message = flash(client, done)
+        assert level == "error"
+        assert message.startswith("unknown queue 'alpah'")
+        assert "known queues: mail" in message
+        assert not paused(clean, "alpah")
+        post(client, "/queues/mail/pause")
+        again = post(client, "/queues/mail/pause")
+        assert flash(client, again)[1].startswith("queue mail is already paused (since ")
+        post(client, "/queues/mail/resume")
+        done = post(client, "/queues/mail/resume")
+        assert flash(client, done) == ("ok", "queue mail was not paused")
+    with clean.begin() as conn:
+        assert conn.execute(text("SELECT queue FROM sqla_jobs_queue")).scalars().all() == ["mail"]
+
+
 def test_an_operation_refused_by_the_api_is_a_flash_and_changes_nothing(clean: Engine) -> None:
     jobs = make_jobs()
     (dead, busy) = add_jobs(clean, jobs, 2)

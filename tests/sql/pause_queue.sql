@@ -1,0 +1,1 @@
+INSERT INTO sqla_jobs_queue (queue, paused_at) VALUES (%(name)s::VARCHAR, now()) ON CONFLICT (queue) DO UPDATE SET paused_at = now(), updated_at = now() WHERE sqla_jobs_queue.paused_at IS NULL RETURNING sqla_jobs_queue.paused_at

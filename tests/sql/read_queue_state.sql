@@ -1,0 +1,3 @@
+SELECT sqla_jobs_queue.paused_at 
+FROM sqla_jobs_queue 
+WHERE sqla_jobs_queue.queue = %(name)s::VARCHAR FOR UPDATE

@@ -1,1 +1,0 @@
-INSERT INTO sqla_jobs_queue (queue, paused_at) VALUES (%(queue)s::VARCHAR, CASE WHEN %(paused)s THEN now() ELSE NULL END) ON CONFLICT (queue) DO UPDATE SET paused_at = CASE WHEN %(paused)s THEN coalesce(sqla_jobs_queue.paused_at, now()) ELSE NULL END, updated_at = now() RETURNING sqla_jobs_queue.paused_at
