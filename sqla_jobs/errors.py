@@ -109,7 +109,7 @@ class NotMigratedError(SqlaJobsError):
     Raised by the CLI and the worker before they start, and by :meth:`Jobs.enqueue
     <sqla_jobs.Jobs.enqueue>` (and the other enqueue calls) when the server refused the INSERT
     for a missing table: unlike an :class:`EnqueueError`, the caller's transaction is then
-    aborted and must be rolled back. The driver's error is its ``__cause__``."""
+    aborted and must be rolled back. The database error it stands for is its ``__cause__``."""
 
     def __init__(self, problem: str, fix: str) -> None:
         super().__init__(f"{problem}; {fix}")

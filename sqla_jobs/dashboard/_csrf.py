@@ -53,7 +53,9 @@ class Csrf:
         nonce = request.cookies.get(COOKIE, "")
         if not _NONCE.fullmatch(nonce) or not isinstance(signature, str):
             return False
-        return secrets.compare_digest(signature, self.signed(nonce, purpose, *parts))
+        expected = self.signed(nonce, purpose, *parts)
+        # Bytes: compare_digest refuses a str that is not ASCII, which a forged form can send.
+        return secrets.compare_digest(signature.encode(), expected.encode())
 
     def nonce(self, request: Request) -> tuple[str, bool]:
         """The request's cookie value, or a new one; and whether it is new (to be set)."""
@@ -81,7 +83,7 @@ class Csrf:
         nonce = request.cookies.get(COOKIE, "")
         if not _NONCE.fullmatch(nonce) or not isinstance(token, str) or not token:
             return "the form has no valid security token"
-        if not secrets.compare_digest(token, self.token(nonce)):
+        if not secrets.compare_digest(token.encode(), self.token(nonce).encode()):
             return "the form's security token does not match"
         return None
 

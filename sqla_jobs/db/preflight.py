@@ -8,6 +8,7 @@ needs no privilege on the table and runs as any role that may connect.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from sqlalchemy import create_engine
@@ -78,15 +79,26 @@ def _migrate(schema: str | None) -> str:
 
 def missing_queue_table(exc: BaseException, schema: str | None) -> NotMigratedError | None:
     """The library's error for ``exc`` if it is the server saying one of sqla-jobs' tables does
-    not exist (undefined_table, 42P01, naming a ``sqla_jobs_`` relation), else None. Read from the
-    error the statement already got: the enqueue path never probes the catalog."""
+    not exist (undefined_table, 42P01, whose message names a ``sqla_jobs_`` relation), else None.
+    Read from the error the statement already got: the enqueue path never probes the catalog."""
     cause = getattr(exc, "orig", None) or exc
     code = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
-    if code != "42P01" or "sqla_jobs_" not in str(cause):
+    if code != "42P01":
+        return None
+    # The server's own message, not str(cause): that one quotes the statement, which names
+    # sqla-jobs' tables whatever relation is missing.
+    diag = getattr(cause, "diag", None)
+    primary = getattr(diag, "message_primary", None) or str(cause).splitlines()[0]
+    missing = _MISSING.search(primary)
+    if missing is None:
         return None
     where = "the search_path" if schema is None else f'schema "{schema}"'
     return NotMigratedError(
-        f"no queue table sqla_jobs_job in {where}: the database is not migrated, and this "
-        "transaction is aborted (roll it back)",
+        f"no table {missing.group(1)} in {where}: the database is not migrated for sqla-jobs, "
+        "and this transaction is aborted (roll it back)",
         f"to create it, {_migrate(schema)}",
     )
+
+
+#: The relation an undefined_table message names, when it is one of sqla-jobs'.
+_MISSING = re.compile(r'relation "(?:[^"]+\.)?(sqla_jobs_\w+)" does not exist')

@@ -79,7 +79,10 @@ def enqueue(
         if links:
             _links.insert(session, [links], [found.id], schema, fresh=found.inserted is not False)
     except DB_ERRORS as exc:
-        raise missing_queue_table(exc, schema) or exc from exc
+        missing = missing_queue_table(exc, schema)
+        if missing is None:
+            raise
+        raise missing from exc
     return found
 
 
@@ -118,7 +121,10 @@ def enqueue_many(
         if links:
             _links.insert(session, links, ids, schema, fresh=not ids.duplicates)
     except DB_ERRORS as exc:
-        raise missing_queue_table(exc, schema) or exc from exc
+        missing = missing_queue_table(exc, schema)
+        if missing is None:
+            raise
+        raise missing from exc
     return ids
 
 

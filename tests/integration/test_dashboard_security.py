@@ -42,7 +42,14 @@ def test_a_post_without_a_token_or_with_a_wrong_one_is_refused_and_changes_nothi
 ) -> None:
     with dashboard(clean, jobs=make_jobs()) as client:
         good = token(client)
-        for form in ({}, {"csrf_token": ""}, {"csrf_token": "0" * 64}, {"csrf_token": good[:-1]}):
+        forms = (
+            {},
+            {"csrf_token": ""},
+            {"csrf_token": "0" * 64},
+            {"csrf_token": good[:-1]},
+            {"csrf_token": "é" * 64},  # not ASCII: refused, not a server error
+        )
+        for form in forms:
             refused = client.post("/jobs/retry", data={**form, "job": str(dead_job)})
             assert refused.status_code == 403, form
             assert "Nothing changed: the form" in refused.text

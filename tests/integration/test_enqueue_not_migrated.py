@@ -9,11 +9,12 @@ from collections.abc import Callable, Iterator
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import Engine, create_engine, text
-from sqlalchemy.exc import InternalError
+from sqlalchemy.exc import DBAPIError, InternalError, ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 from sqla_jobs import Jobs, NotMigratedError
+from sqla_jobs.db.preflight import missing_queue_table
 from sqla_jobs.db.urls import sqlalchemy_url
 from tests.conftest import create_database, drop_database
 
@@ -47,7 +48,7 @@ def _jobs(schema: str | None = None) -> Jobs:
 
 def _assert_said(exc: NotMigratedError, schema: str | None = None) -> None:
     said = str(exc)
-    assert "no queue table sqla_jobs_job" in said
+    assert "no table sqla_jobs_job" in said
     assert "aborted" in said
     assert "roll it back" in said
     if schema is None:
@@ -117,3 +118,48 @@ def test_another_missing_table_is_the_drivers_error_unchanged(bare: Engine) -> N
             session.execute(text("INSERT INTO orders VALUES (1)"))
         assert not isinstance(raised.value, NotMigratedError)
         session.rollback()
+
+
+def test_a_missing_application_table_in_a_statement_naming_the_queue_is_not_taken_for_it(
+    migrated_url: str,
+) -> None:
+    """The server's message names the relation it misses; the statement it quotes may name
+    sqla-jobs' tables whatever is missing (a trigger's, a join): only the former counts."""
+    engine = create_engine(sqlalchemy_url(migrated_url))
+    try:
+        with engine.connect() as conn:
+            with pytest.raises(ProgrammingError) as raised:
+                conn.execute(text("SELECT 1 FROM sqla_jobs_job, app_orders"))
+            assert "sqla_jobs_job" in str(raised.value.orig)  # the statement, quoted
+            assert missing_queue_table(raised.value, None) is None
+    finally:
+        engine.dispose()
+
+
+def test_any_other_database_error_of_an_enqueue_keeps_its_own_cause(
+    migrated_url: str,
+) -> None:
+    """Not translated, and not re-chained: the driver's error stays the wrapper's cause."""
+    engine = create_engine(sqlalchemy_url(migrated_url))
+    jobs = _jobs()
+    try:
+        with Session(engine) as session, session.begin():
+            # A trigger of this transaction only (rolled back with it) refuses the INSERT.
+            session.execute(
+                text(
+                    "CREATE FUNCTION pg_temp.refuse() RETURNS trigger LANGUAGE plpgsql AS "
+                    "$$ BEGIN RAISE EXCEPTION 'refused by a trigger'; END $$"
+                )
+            )
+            session.execute(
+                text(
+                    "CREATE TRIGGER refuse BEFORE INSERT ON sqla_jobs_job "
+                    "FOR EACH ROW EXECUTE FUNCTION pg_temp.refuse()"
+                )
+            )
+            with pytest.raises(DBAPIError, match="refused by a trigger") as raised:
+                jobs.enqueue(session, Ping())
+            session.rollback()
+    finally:
+        engine.dispose()
+    assert raised.value.__cause__ is raised.value.orig
