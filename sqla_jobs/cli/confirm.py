@@ -4,9 +4,9 @@ count what they would touch first and go on only when told to.
 Ids given on the command line are what the operator named, and run at once; a filter may match
 thousands of jobs, so it is counted (:mod:`sqla_jobs.operations.preview`) and: with ``--dry-run``,
 listed and nothing done; with ``--yes``, run; on a terminal, shown with a ``[y/N]`` prompt, and a
-yes runs it bounded to the jobs counted (a job that matches after the count is left alone); not on
-a terminal, refused (exit 2) with nothing changed, so that a script says ``--yes`` for what it
-means to do.
+yes runs it on the jobs counted only (a job that matches after the count is left alone, one that
+no longer matches is skipped); not on a terminal, refused (exit 2) with nothing changed, so that
+a script says ``--yes`` for what it means to do.
 """
 
 from __future__ import annotations

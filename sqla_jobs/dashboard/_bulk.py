@@ -4,15 +4,17 @@ The first POST (``/jobs/{verb}/matching`` with ``queue`` and ``kind``) changes n
 what the operation would touch (:mod:`sqla_jobs.operations.preview`, the operation's own filter)
 and answers with a confirmation page, rendered on the server (the CSP allows no script), saying
 how many jobs, which filter, which ids and the per-run cap. Its form carries what was counted (the
-highest id and the number) signed with the app's secret and bound to the browser's CSRF cookie;
-the second POST runs the operation only with that signature intact, and bounded to it: jobs with
-ids up to the highest counted, no more of them than were counted. If more jobs match within that
-bound now than were counted, nothing runs and the page asks again with the new count.
+highest id, the number, a fingerprint of the ids) and when, signed with the app's secret and bound
+to the browser's CSRF cookie; the second POST runs the operation only with that signature intact,
+within :data:`FRESH` seconds, and on exactly the jobs counted: it counts again in its own
+transaction, and if the jobs matching within the bound are not the ones counted (one matches
+since, one no longer does), nothing runs and the page asks again with the new count.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, NamedTuple
 
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -32,10 +34,22 @@ from sqla_jobs.operations.preview import Preview, preview
 
 #: What the signature of a confirmation form is for (a signature of another form is no use here).
 PURPOSE = "bulk"
+#: Seconds a confirmation stays good: a page kept open, or sent again, counts afresh after that.
+FRESH = 600
+#: The clock a confirmation's age is read on (a test moves it).
+_clock = time.time
+
+
+class _Confirmed(NamedTuple):
+    """What a confirmation form says was counted, and when (epoch seconds)."""
+
+    bound: Bound
+    digest: str
+    issued: int
 
 
 class _Stale(Exception):
-    """More jobs match within the confirmed bound than were counted: nothing ran."""
+    """The jobs matching within the confirmed bound are not the ones counted: nothing ran."""
 
     def __init__(self, counted: Preview) -> None:
         super().__init__(counted.verb)
@@ -76,6 +90,13 @@ class Bulk:
                 "the confirmation does not match what was counted",
                 " Start again from the jobs page.",
             )
+        if not 0 <= _clock() - confirmed.issued <= FRESH:
+            counted = await run_in_threadpool(self._count, verb, queue, kind)
+            note = (
+                f"That confirmation is more than {FRESH // 60} minutes old: nothing changed. "
+                "Here is the new count."
+            )
+            return self._confirmation(request, form, counted, note, status=409)
 
         def run(session: Session) -> str:
             return _run(session, self.dash.jobs._scope, verb, queue, kind, confirmed)
@@ -84,8 +105,8 @@ class Bulk:
             flash = await run_in_threadpool(actions._run, request, verb, run)
         except _Stale as stale:
             note = (
-                f"More jobs match now than the {confirmed.limit:,} you confirmed: nothing "
-                "changed. Here is the new count."
+                "The jobs matching now are not the ones you confirmed: nothing changed. Here is "
+                "the new count."
             )
             return self._confirmation(request, form, stale.counted, note, status=409)
         return self._back(request, form, flash)
@@ -97,13 +118,13 @@ class Bulk:
     def _confirmation(
         self, request: Request, form: FormData, counted: Preview, note: str, status: int = 200
     ) -> Response:
-        bound = counted.bound()
+        confirmed = _Confirmed(counted.bound(), counted.digest(), int(_clock()))
         nonce, _ = self.dash.csrf.nonce(request)
-        parts = _parts(counted.verb, counted.queue, counted.kind, bound)
+        parts = _parts(counted.verb, counted.queue, counted.kind, confirmed)
         context: dict[str, Any] = {
             "verb": counted.verb,
             "counted": counted,
-            "bound": bound,
+            "confirmed": confirmed,
             "note": note,
             "back": _next(form),
             "signature": self.dash.csrf.signed(nonce, PURPOSE, *parts),
@@ -125,22 +146,35 @@ def _filter(verb: str, form: FormData) -> tuple[str | None, str | None]:
     return queue, kind
 
 
-def _confirmed(form: FormData) -> Bound | None:
-    """The bound a confirmation form carries (the highest id counted and how many), or None on
-    the first POST."""
+def _confirmed(form: FormData) -> _Confirmed | None:
+    """What a confirmation form carries (the highest id counted, how many, their fingerprint
+    and when), or None on the first POST."""
     if form.get("confirm") is None:
         return None
     try:
         max_id, limit = int(_text(form.get("max_id")) or ""), int(_text(form.get("counted")) or "")
+        issued = int(_text(form.get("issued")) or "")
     except ValueError:
         raise _reads.BadRequest("the confirmation form is incomplete") from None
+    digest = _text(form.get("digest")) or ""
     if not (0 <= max_id <= _reads.MAX_ID and 0 <= limit <= _ops.FILTER_LIMIT):
         raise _reads.BadRequest("the confirmation form is out of range")
-    return Bound(max_id=max_id, limit=limit)
+    return _Confirmed(Bound(max_id=max_id, limit=limit), digest, issued)
 
 
-def _parts(verb: str, queue: str | None, kind: str | None, bound: Bound) -> tuple[str, ...]:
-    return (verb, queue or "", kind or "", str(bound.max_id), str(bound.limit))
+def _parts(
+    verb: str, queue: str | None, kind: str | None, confirmed: _Confirmed
+) -> tuple[str, ...]:
+    bound = confirmed.bound
+    return (
+        verb,
+        queue or "",
+        kind or "",
+        str(bound.max_id),
+        str(bound.limit),
+        confirmed.digest,
+        str(confirmed.issued),
+    )
 
 
 def _text(value: object) -> str | None:
@@ -153,13 +187,14 @@ def _run(
     verb: str,
     queue: str | None,
     kind: str | None,
-    bound: Bound,
+    confirmed: _Confirmed,
 ) -> str:
-    """Run ``verb`` by filter within ``bound`` after checking, in the same transaction, that no
-    more jobs match within it than were counted (:class:`_Stale` if they do: nothing ran)."""
-    now = preview(session, scope, verb, kind=kind, queue=queue, max_id=bound.max_id)
-    if now.total > bound.limit:
+    """Run ``verb`` on the jobs counted, after checking in the same transaction that the jobs
+    matching within the bound are still those (:class:`_Stale` if not: nothing ran)."""
+    now = preview(session, scope, verb, kind=kind, queue=queue, max_id=confirmed.bound.max_id)
+    if now.digest() != confirmed.digest or now.total > confirmed.bound.limit:
         raise _Stale(preview(session, scope, verb, kind=kind, queue=queue))
+    bound = now.bound()
     if verb == "retry":
         result = _ops.retry_detail(session, scope, None, kind=kind, queue=queue, bound=bound)
         done = said("retried", result.retried) if result.retried else "no dead jobs to retry"

@@ -76,11 +76,13 @@ class CancelResult:
 @dataclass(frozen=True)
 class Bound:
     """What an operation by filter may touch at most, when an operator confirmed a count: the
-    jobs with ids up to ``max_id``, ``limit`` of them (at most :data:`FILTER_LIMIT`). Jobs that
-    match the filter after the count, with higher ids, are left for another run."""
+    jobs with ids up to ``max_id``, ``limit`` of them (at most :data:`FILTER_LIMIT`), and with
+    ``ids`` only those jobs. A job that matches the filter after the count is left alone; one
+    counted that no longer matches is skipped."""
 
     max_id: int | None = None
     limit: int = FILTER_LIMIT
+    ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,10 @@ def _targets(
             # The application's own query, run as written: its tables are its own, so the
             # schema_translate_map that places the job table must not touch them.
             params["ids"] = sorted({int(i) for i in session.scalars(ids) if i is not None})
+            find = _FIND_AMONG
+        if bound.ids is not None:
+            among = set(bound.ids) if ids is None else set(bound.ids) & set(params["ids"])
+            params["ids"] = sorted(among)
             find = _FIND_AMONG
         return list(session.execute(find, params, execution_options=scope.options))
     wanted = sorted({int(i) for i in ids})

@@ -4,11 +4,12 @@ it runs: for ``--dry-run``, the CLI's prompt and the dashboard's confirmation pa
 The count reads the filter the operation itself runs (:func:`sqla_jobs.sql.operations.peek_jobs`
 and ``count_jobs`` share ``find_jobs``' WHERE), so the two cannot disagree about which jobs
 match; it locks nothing and changes nothing. A run after a confirmation is bounded by
-:meth:`Preview.bound`: it touches no job the count did not cover.
+:meth:`Preview.bound`: it touches only jobs the count listed.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
@@ -48,8 +49,16 @@ class Preview:
         return self.total > len(self.touched)
 
     def bound(self) -> Bound:
-        """What a run confirmed on this count may touch: these jobs' ids and no more of them."""
-        return Bound(max_id=self.touched[-1][0] if self.touched else 0, limit=len(self.touched))
+        """What a run confirmed on this count may touch: these jobs, and no other."""
+        return Bound(
+            max_id=self.touched[-1][0] if self.touched else 0,
+            limit=len(self.touched),
+            ids=tuple(self.ids),
+        )
+
+    def digest(self) -> str:
+        """A short fingerprint of the jobs counted (their ids), for a confirmation to carry."""
+        return hashlib.sha256(",".join(map(str, self.ids)).encode()).hexdigest()[:32]
 
     def where(self) -> str:
         """The filter, said: ``queue mail, any kind``."""

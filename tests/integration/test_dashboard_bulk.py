@@ -13,6 +13,8 @@ import pytest
 from sqlalchemy import Engine, text
 from starlette.testclient import TestClient
 
+from sqla_jobs.dashboard import _bulk
+
 from ._dashboard import (
     Report,
     add_jobs,
@@ -122,7 +124,7 @@ def test_when_more_jobs_match_within_the_count_than_were_confirmed_it_asks_again
         set_state(clean, middle, "dead")
         stale = client.post(action, data=fields, follow_redirects=False)
         assert stale.status_code == 409
-        assert "than the 2 you confirmed: nothing changed" in text_of(stale)
+        assert "not the ones you confirmed: nothing changed" in text_of(stale)
         assert states(clean, [first, middle, last]) == ["dead"] * 3
         action, fields = confirmation(stale)
         assert fields["counted"] == "3"
@@ -131,9 +133,45 @@ def test_when_more_jobs_match_within_the_count_than_were_confirmed_it_asks_again
     assert states(clean, [first, middle, last]) == ["pending"] * 3
 
 
+def test_a_job_swapped_in_for_a_counted_one_is_not_touched(clean: Engine) -> None:
+    """As many jobs match as were counted, but not the same ones: one counted was retried,
+    another (with a lower id) died since. Nothing runs; the page asks again."""
+    first, second, third = dead_jobs(clean, 3)
+    set_state(clean, first, "pending")
+    with dashboard(clean, jobs=make_jobs()) as client:
+        action, fields = confirmation(post(client, "/jobs/delete/matching", queue="mail"))
+        assert fields["counted"] == "2"
+        set_state(clean, first, "dead")
+        set_state(clean, third, "pending")
+        stale = client.post(action, data=fields, follow_redirects=False)
+        assert stale.status_code == 409
+    assert states(clean, [first, second, third]) == ["dead", "dead", "pending"]
+
+
+def test_a_confirmation_older_than_ten_minutes_counts_again(
+    clean: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made = dead_jobs(clean, 2)
+    with dashboard(clean, jobs=make_jobs()) as client:
+        action, fields = confirmation(post(client, "/jobs/retry/matching", queue="mail"))
+        later = _bulk._clock() + _bulk.FRESH + 1
+        monkeypatch.setattr(_bulk, "_clock", lambda: later)
+        stale = client.post(action, data=fields, follow_redirects=False)
+        assert stale.status_code == 409
+        assert "more than 10 minutes old: nothing changed" in text_of(stale)
+    assert states(clean, made) == ["dead", "dead"]
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("counted", "3"), ("max_id", "999999"), ("queue", ""), ("confirm", "0" * 64)],
+    [
+        ("counted", "3"),
+        ("max_id", "999999"),
+        ("queue", ""),
+        ("confirm", "0" * 64),
+        ("digest", "0" * 32),
+        ("issued", "1"),
+    ],
 )
 def test_a_tampered_confirmation_is_refused_and_changes_nothing(
     clean: Engine, field: str, value: str

@@ -30,21 +30,22 @@ def test_the_count_agrees_with_what_the_run_touches_and_changes_nothing(clean: E
         assert jobs.retry(session, queue="mail") == counted.ids
 
 
-def test_a_run_bounded_by_a_count_leaves_later_matches_and_any_beyond_the_number_alone(
-    clean: Engine,
-) -> None:
+def test_a_run_bounded_by_a_count_touches_only_the_jobs_counted(clean: Engine) -> None:
+    """A job that matches after the count is left alone, even with a lower id than a counted
+    one; a counted job that no longer matches is skipped."""
     jobs = make_jobs()
     first, second, third = dead_jobs(clean, 3)
-    set_state(clean, second, "pending")
+    set_state(clean, first, "pending")
     with Session(clean) as session, session.begin():
         counted = preview(session, jobs._scope, "delete", queue="mail")
-    assert counted.ids == [first, third]
-    set_state(clean, second, "dead")
+    assert counted.ids == [second, third]
+    set_state(clean, first, "dead")  # matches since the count, below the highest counted id
+    set_state(clean, third, "pending")  # counted, matches no more
     later = dead_jobs(clean, 1)
     with Session(clean) as session, session.begin():
         done = ops.delete(session, jobs._scope, None, queue="mail", bound=counted.bound())
-    assert done == [first, second], "ids up to the highest counted, no more than counted"
-    assert states(clean, [first, second, third, *later]) == [None, None, "dead", "dead"]
+    assert done == [second]
+    assert states(clean, [first, second, third, *later]) == ["dead", None, "pending", "dead"]
 
 
 def test_a_cancel_count_says_pending_and_running_apart(clean: Engine) -> None:
