@@ -173,6 +173,14 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             "dashboard to the network only behind a TLS proxy",
             extra={"event": "dashboard_plain_http"},
         )
+        if args.forwarded_allow_ips is None:
+            # Failed sign-ins are throttled by client address: behind a proxy every user has the
+            # proxy's, so one guesser would lock everyone out.
+            log.warning(
+                "failed sign-ins are throttled by client address; behind a reverse proxy, pass "
+                "--forwarded-allow-ips with its address, or every user shares the proxy's",
+                extra={"event": "dashboard_proxy_addresses"},
+            )
     config = uvicorn.Config(
         app,
         # Our logging stays as configured; uvicorn's own errors come out through it.

@@ -86,6 +86,7 @@ def test_it_serves_only_authenticated_requests_and_logs_actions_without_secrets(
     text_logged = log.read_text()
     assert "event=dashboard_started" in text_logged
     assert "event=dashboard_plain_http" in text_logged, "a warning: Basic auth without TLS"
+    assert "event=dashboard_proxy_addresses" in text_logged, "a warning: one address for all"
     assert re.search(
         r"event=dashboard_pause msg=\"paused queue mail: .* \(user ops, client 127\.0\.0\.1\)\"",
         text_logged,
