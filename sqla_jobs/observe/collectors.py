@@ -194,8 +194,8 @@ class QueueCollector(Collector):
         )
         scheduled = GaugeMetricFamily(
             "sqla_jobs_queue_scheduled_jobs",
-            "Pending jobs not yet due, counted every 5 minutes up to 10,000 per queue (the cap "
-            "bounds the count's cost: at it, there are at least that many)",
+            "Pending jobs not yet due, counted every 5 minutes: those without a concurrency key "
+            "up to 10,000 per queue and priority (the cap bounds the count's cost), keyed ones all",
             labels=("queue",),
         )
         lag = GaugeMetricFamily(

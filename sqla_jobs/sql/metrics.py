@@ -166,11 +166,11 @@ def sample_paused_queues() -> Select[Any]:
 
 def count_scheduled() -> Any:
     """Rows of (queue, ``'scheduled'``, jobs, NULL): pending jobs not yet due, by queue, in
-    :func:`sample_queues`' shape, counted up to :data:`SCHEDULED_CAP` per queue: a count reads
-    an index entry per job, so the cap bounds its cost whatever the backlog (a queue at the cap
-    has at least that many). Unkeyed jobs: under each (queue, priority) of the loose index scan,
-    the claim index's entries past ``now()``, at most the cap; keyed jobs: the keyed index, as
-    :func:`sample_queues` reads it. No locks."""
+    :func:`sample_queues`' shape. A count reads an index entry per job, so the unkeyed ones are
+    counted up to :data:`SCHEDULED_CAP` per (queue, priority) of the loose index scan (the claim
+    index's entries past ``now()``; a queue at the cap has at least that many), which bounds the
+    cost whatever the backlog; the keyed ones are all counted from the keyed index, which
+    :func:`sample_queues` reads whole already. No locks."""
     heads = _queue_heads()
     later = job.c.run_at > func.now()
     capped = (

@@ -75,9 +75,9 @@ def prune_workers() -> AnyDelete:
     """Delete the rows of workers stale for longer than ``grace`` (an interval) by the database's
     clock (``expires_at`` passed: killed, or away from the database) that hold no running job any
     more: a dead worker's row stays, marked stale, while the reaper has not yet taken its jobs.
-    Returns their names. A scan of a table of a few rows, and per stale row a probe of the
-    running jobs' partial index; locks the rows it deletes (a worker's beat of its own row waits
-    for it)."""
+    Returns their names. A scan of a table of a few rows, and per stale row a look through the
+    running jobs (``sqla_jobs_job_running_idx`` holds only them, but not ``locked_by``: each one's
+    row is read); locks the rows it deletes (a worker's beat of its own row waits for it)."""
     holds = exists().where(job.c.state == RUNNING, job.c.locked_by == registry.c.name)
     return (
         delete(registry)
