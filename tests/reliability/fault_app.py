@@ -30,7 +30,10 @@ TABLES_DDL = (
     " seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, job_id bigint NOT NULL,"
     " attempt int NOT NULL, pid int NOT NULL, key text NOT NULL,"
     " started_at timestamptz NOT NULL DEFAULT clock_timestamp(), ended_at timestamptz)",
+    "CREATE TABLE IF NOT EXISTS fault_gates (gate text PRIMARY KEY)",
 )
+#: How long a held job waits for its gate at most: a test that died never leaves a worker waiting.
+HOLD_CAP_S = 600.0
 
 
 class Sleep(BaseModel):
@@ -41,6 +44,12 @@ class Sleep(BaseModel):
 
 class Refuse(BaseModel):
     """Record the run, then fail (raise)."""
+
+
+class Hold(BaseModel):
+    """Wait until the test opens ``gate`` (a row in ``fault_gates``), then record the run."""
+
+    gate: str
 
 
 class Overrun(BaseModel):
@@ -60,6 +69,22 @@ def sleep(args: Sleep, ctx: JobContext) -> None:
 def refuse(args: Refuse, ctx: JobContext) -> None:
     record_run(ctx)
     raise RuntimeError("refused on purpose")
+
+
+@jobs.kind("fault_hold", Hold)
+def hold(args: Hold, ctx: JobContext) -> None:
+    # An event the test releases, not a duration: the job runs for as long as the test needs it
+    # to, however slowly a loaded machine lets the test get there.
+    deadline = time.monotonic() + HOLD_CAP_S
+    while time.monotonic() < deadline:
+        if (
+            _connection()
+            .execute("SELECT 1 FROM fault_gates WHERE gate = %s", (args.gate,))
+            .fetchone()
+        ):
+            break
+        time.sleep(0.05)
+    record_run(ctx)
 
 
 @jobs.kind(
@@ -96,7 +121,15 @@ def reset_fault_tables(engine: Engine) -> None:
     with engine.begin() as conn:
         for ddl in TABLES_DDL:
             conn.execute(text(ddl))
-        conn.execute(text("TRUNCATE fault_runs"))
+        conn.execute(text("TRUNCATE fault_runs, fault_gates"))
+
+
+def open_gate(engine: Engine, gate: str) -> None:
+    """Let every ``Hold(gate=gate)`` job finish."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO fault_gates VALUES (:g) ON CONFLICT DO NOTHING"), {"g": gate}
+        )
 
 
 def lapse_witness(engine: Engine, seconds: float) -> int:
