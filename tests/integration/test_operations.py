@@ -320,7 +320,8 @@ def test_snooze_puts_the_job_back_later_without_spending_a_budget(
     row = job_row(clean, job_id)
     assert row is not None
     assert (row.state, row.attempts, row.crashes, row.last_error) == ("pending", 0, 0, None)
-    assert 3590 < row.due_in <= 3600
+    # Read after the worker's stop, which a loaded machine can make slow: within a deadline of it.
+    assert 3600 - DEADLINE < row.due_in <= 3600
 
 
 def test_discard_makes_the_job_dead_at_once_and_failures_keep_one_error_per_attempt(
