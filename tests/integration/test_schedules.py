@@ -22,7 +22,7 @@ from sqla_jobs import Jobs, ScheduleNotFoundError, Unique, Worker
 from sqla_jobs.db.connections import Connector
 from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.periodic.scheduler import LOOKAHEAD, RETRY_AFTER, Scheduler
-from tests._waiting import wait_until
+from tests._waiting import DEADLINE, wait_until
 from tests.integration._workers import running_workers
 
 UTC = timezone.utc
@@ -73,7 +73,7 @@ def running(schedulers: list[Scheduler]) -> Iterator[list[Scheduler]]:
         for s in schedulers:
             s.stop()
         for s in schedulers:
-            s.join(10)
+            s.join(DEADLINE)
             s.engine.dispose()
 
 
@@ -404,7 +404,7 @@ def test_the_notify_at_a_tick_waits_for_the_tick_on_the_database_clock(
     with psycopg.connect(libpq_conninfo(migrated_url), autocommit=True) as listen:
         listen.execute(f'LISTEN "{jobs.channel}"')
         with running([FastClock(jobs, Connector(libpq_conninfo(migrated_url), "fast"))]):
-            for note in listen.notifies(timeout=10, stop_after=3):
+            for note in listen.notifies(timeout=DEADLINE, stop_after=3):
                 assert note.payload == "default"
                 with fresh.connect() as conn:
                     due_at_notify.append(
@@ -413,9 +413,10 @@ def test_the_notify_at_a_tick_waits_for_the_tick_on_the_database_clock(
                         ).scalar_one()
                     )
     assert len(due_at_notify) == 3, "three NOTIFYs at ticks"
-    # Each NOTIFY comes at a tick: one more job is due at each than at the one before.
-    assert due_at_notify[0] >= 1
-    assert all(b > a for a, b in itertools.pairwise(due_at_notify)), due_at_notify
+    # Each NOTIFY comes once its tick's job is due, and every job was announced to this listener
+    # (it listened before the scheduler started): at the k-th, at least k jobs are due. Read as
+    # the NOTIFY arrives; a read a loaded machine delays can only find more due, never fewer.
+    assert all(due >= k for k, due in enumerate(due_at_notify, 1)), due_at_notify
 
 
 def as_role(url: str, name: str) -> str:
