@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
 from sqla_jobs import Backoff, JobContext, Jobs
-from tests.reliability.chaos_app import _connection, _write, record_run, reset_tables
+from tests.reliability.chaos_app import _connection, _write, record_run, reset_tables, wait_for_gate
 
 TARGET = "tests.reliability.fault_app:jobs"
 
@@ -30,10 +30,7 @@ TABLES_DDL = (
     " seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, job_id bigint NOT NULL,"
     " attempt int NOT NULL, pid int NOT NULL, key text NOT NULL,"
     " started_at timestamptz NOT NULL DEFAULT clock_timestamp(), ended_at timestamptz)",
-    "CREATE TABLE IF NOT EXISTS fault_gates (gate text PRIMARY KEY)",
 )
-#: How long a held job waits for its gate at most: a test that died never leaves a worker waiting.
-HOLD_CAP_S = 600.0
 
 
 class Sleep(BaseModel):
@@ -47,7 +44,7 @@ class Refuse(BaseModel):
 
 
 class Hold(BaseModel):
-    """Wait until the test opens ``gate`` (a row in ``fault_gates``), then record the run."""
+    """Wait until the test opens ``gate`` (``chaos_app.open_gate``), then record the run."""
 
     gate: str
 
@@ -73,17 +70,7 @@ def refuse(args: Refuse, ctx: JobContext) -> None:
 
 @jobs.kind("fault_hold", Hold)
 def hold(args: Hold, ctx: JobContext) -> None:
-    # An event the test releases, not a duration: the job runs for as long as the test needs it
-    # to, however slowly a loaded machine lets the test get there.
-    deadline = time.monotonic() + HOLD_CAP_S
-    while time.monotonic() < deadline:
-        if (
-            _connection()
-            .execute("SELECT 1 FROM fault_gates WHERE gate = %s", (args.gate,))
-            .fetchone()
-        ):
-            break
-        time.sleep(0.05)
+    wait_for_gate(args.gate)
     record_run(ctx)
 
 
@@ -121,15 +108,7 @@ def reset_fault_tables(engine: Engine) -> None:
     with engine.begin() as conn:
         for ddl in TABLES_DDL:
             conn.execute(text(ddl))
-        conn.execute(text("TRUNCATE fault_runs, fault_gates"))
-
-
-def open_gate(engine: Engine, gate: str) -> None:
-    """Let every ``Hold(gate=gate)`` job finish."""
-    with engine.begin() as conn:
-        conn.execute(
-            text("INSERT INTO fault_gates VALUES (:g) ON CONFLICT DO NOTHING"), {"g": gate}
-        )
+        conn.execute(text("TRUNCATE fault_runs"))
 
 
 def lapse_witness(engine: Engine, seconds: float) -> int:

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from tests._waiting import DEADLINE, wait_until
-from tests.reliability.chaos_app import Fleet, queue_length, runs_by_job, scalar
+from tests.reliability.chaos_app import Fleet, open_gate, queue_length, runs_by_job, scalar
 from tests.reliability.conftest import Figures, injects, scaled
 from tests.reliability.fault_app import (
     OVERRUN_TIMEOUT,
@@ -27,7 +27,6 @@ from tests.reliability.fault_app import (
     Sleep,
     jobs,
     lapse_witness,
-    open_gate,
     reaped,
     reset_fault_tables,
 )
