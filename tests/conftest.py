@@ -89,9 +89,12 @@ def engine(migrated_url: str) -> Iterator[Engine]:
 
 @pytest.fixture
 def clean(engine: Engine) -> Engine:
-    """The engine, with the queue and history tables emptied first."""
+    """The engine, with the job, history, paused-queue and schedule tables emptied first: a queue
+    paused or a schedule left by an earlier test on this database would change what this one sees."""
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE sqla_jobs_job, sqla_jobs_history"))
+        conn.execute(
+            text("TRUNCATE sqla_jobs_job, sqla_jobs_history, sqla_jobs_queue, sqla_jobs_schedule")
+        )
     return engine
 
 

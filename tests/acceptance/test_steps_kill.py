@@ -11,6 +11,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
+from tests._waiting import DEADLINE
 from tests.acceptance.steps_app import ThreeSteps, jobs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,9 +46,11 @@ def test_sigkill_after_step_two_reruns_only_step_three(clean: Engine, migrated_u
     first = _worker(migrated_url, "--lease", "2", "--heartbeat", "0.5")
     second = None
     try:
-        assert first.wait(30) == -9, "the first worker should have been SIGKILLed by its handler"
+        assert first.wait(DEADLINE) == -9, (
+            "the first worker should have been SIGKILLed by its handler"
+        )
         second = _worker(migrated_url, "--lease", "2", "--heartbeat", "0.5")
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + DEADLINE
         while time.monotonic() < deadline:
             with clean.connect() as conn:
                 if conn.execute(text("SELECT count(*) FROM sqla_jobs_job")).scalar() == 0:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 import psycopg
 from psycopg import sql
 
@@ -19,8 +21,19 @@ class Heard:
     """A LISTEN connection of its own on ``channel``."""
 
     def __init__(self, url: str, channel: str) -> None:
+        self._channel = channel
         self._conn = psycopg.connect(libpq_conninfo(url), autocommit=True)
         self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+    def drain(self) -> None:
+        """Read past every notification already sent: up to a marker of its own, which arrives
+        after them (a fixed window would miss one that a loaded machine delivers late)."""
+        marker = f"drain-marker-{secrets.token_hex(4)}"
+        self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, marker))
+        for note in self._conn.notifies(timeout=DEADLINE):
+            if note.payload == marker:
+                return
+        raise AssertionError(f"own marker NOTIFY not delivered in {DEADLINE}s")
 
     def within(self, seconds: float) -> list[str]:
         """The queues notified within ``seconds``: after the first arrives, what follows it

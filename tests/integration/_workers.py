@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from sqlalchemy import Engine, text
 
 from sqla_jobs import Jobs, Worker
+from tests._waiting import DEADLINE
 from tests._waiting import wait_until as _wait
 
 
@@ -26,16 +27,16 @@ def running_workers(
         t.start()
     try:
         for w in workers:
-            assert w.started.wait(10), "worker did not start"
+            assert w.started.wait(DEADLINE), "worker did not start"
         yield workers
     finally:
         for w in workers:
             w.stop()
         for t in threads:
-            t.join(30)
+            t.join(DEADLINE)
 
 
-def wait_until(condition: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+def wait_until(condition: Callable[[], bool], timeout: float = DEADLINE, what: str = "") -> None:
     """Poll ``condition`` until it holds, or fail after ``timeout`` seconds."""
     _wait(condition, what or str(condition), timeout)
 

@@ -8,6 +8,7 @@ import pytest
 
 from sqla_jobs import Jobs
 from sqla_jobs.enqueue import notifier as _notifier
+from tests._waiting import DEADLINE
 
 from ._listening import Heard
 
@@ -16,7 +17,7 @@ from ._listening import Heard
 def heard(migrated_url: str) -> Iterator[Heard]:
     """A LISTEN connection on the jobs' channel, past what earlier tests left on it."""
     made = Heard(migrated_url, Jobs().channel)
-    assert _notifier.flush_all(5)
-    made.within(0.05)
+    assert _notifier.flush_all(DEADLINE)
+    made.drain()
     yield made
     made.close()

@@ -34,7 +34,7 @@ from sqla_jobs import (
 from sqla_jobs.observe.metrics import Metrics
 from sqla_jobs.sql import metrics as metrics_sql
 from sqla_jobs.worker import health as _health
-from tests._waiting import wait_until
+from tests._waiting import DEADLINE, wait_until
 from tests.integration._workers import running_workers
 
 #: A payload field and an error message that must never reach a label.
@@ -68,6 +68,11 @@ class Blocking(BaseModel):
     seconds: float
 
 
+#: Set by a test once it has seen the blocked loop: the blocking kind's handler holds the loop
+#: until then (``seconds`` at most), however late a loaded machine lets the test look.
+LOOP_UNBLOCKED = threading.Event()
+
+
 def make_jobs() -> tuple[Jobs, threading.Event]:
     """Kinds that end each way: completed, failed (retried in 10 minutes), dead, snoozed,
     cancelled (when an operator cancels it), and one that blocks the event loop."""
@@ -92,7 +97,7 @@ def make_jobs() -> tuple[Jobs, threading.Event]:
 
     @jobs.kind("stoppable", Stoppable, queue="m1")
     def stoppable(args: Stoppable, ctx: JobContext) -> None:
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + DEADLINE
         while not (ctx.cancelled.is_set() or release.is_set()):
             if time.monotonic() > deadline:
                 raise RuntimeError("never cancelled")
@@ -101,7 +106,7 @@ def make_jobs() -> tuple[Jobs, threading.Event]:
 
     @jobs.kind("blocking", Blocking, queue="m1")
     async def blocking(args: Blocking, ctx: JobContext) -> None:
-        time.sleep(args.seconds)  # blocks the event loop: what /healthz must notice
+        LOOP_UNBLOCKED.wait(args.seconds)  # blocks the event loop: what /healthz must notice
 
     return jobs, release
 
@@ -434,12 +439,18 @@ def test_healthz_is_200_while_the_worker_runs_and_503_while_it_stops_or_its_loop
     metrics = Metrics(port=0, sample_interval=0.2)
     with running_workers(jobs, migrated_url, **fast(metrics)) as [worker]:
         assert healthz(metrics) == (200, "ok")
-        enqueue(quiet, jobs, [Blocking(seconds=2.0)])
-        wait_until(
-            lambda: healthz(metrics)[1].startswith("event loop blocked"),
-            what="/healthz sees the blocked loop",
-        )
-        assert healthz(metrics)[0] == 503
+        LOOP_UNBLOCKED.clear()
+
+        def blocked_reply() -> tuple[int, str] | None:
+            reply = healthz(metrics)
+            return reply if reply[1].startswith("event loop blocked") else None
+
+        try:
+            enqueue(quiet, jobs, [Blocking(seconds=DEADLINE)])
+            code, _ = wait_until(blocked_reply, what="/healthz sees the blocked loop")
+        finally:
+            LOOP_UNBLOCKED.set()
+        assert code == 503
         wait_until(lambda: healthz(metrics) == (200, "ok"), what="healthy again")
         (held,) = enqueue(quiet, jobs, [Stoppable()])
         wait_until(lambda: states(quiet, [held]) == ["running"], what="a job runs")

@@ -294,7 +294,9 @@ def test_a_paused_queue_is_not_claimed_until_resumed_and_enqueue_still_works(
     with running(worker):
         (job_id,) = enqueue(clean, jobs, [Task()])
         wait_until(lambda: worker.wakeups is not None and worker.wakeups.drained, "polled")
-        assert not ran.wait(0.5), "a job of a paused queue ran"  # five polls' worth
+        # A window for what must not happen: ten polls' worth, so that a loaded machine still
+        # polls within it.
+        assert not ran.wait(1.0), "a job of a paused queue ran"
         with Session(clean) as session, session.begin():
             jobs.resume_queue(session, "mail")
         assert ran.wait(DEADLINE)
@@ -320,7 +322,8 @@ def test_snooze_puts_the_job_back_later_without_spending_a_budget(
     row = job_row(clean, job_id)
     assert row is not None
     assert (row.state, row.attempts, row.crashes, row.last_error) == ("pending", 0, 0, None)
-    assert 3590 < row.due_in <= 3600
+    # Read after the worker's stop, which a loaded machine can make slow: within a deadline of it.
+    assert 3600 - DEADLINE < row.due_in <= 3600
 
 
 def test_discard_makes_the_job_dead_at_once_and_failures_keep_one_error_per_attempt(

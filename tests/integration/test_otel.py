@@ -29,6 +29,7 @@ from sqla_jobs import ConfigurationError, Discard, JobContext, Jobs, Snooze, Uni
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.enqueue.insert import COPY_THRESHOLD
 from sqla_jobs.observe.tracing import instrument
+from tests._waiting import DEADLINE
 
 from ._workers import running_workers, wait_until
 from .test_hooks import stored_metas
@@ -304,8 +305,8 @@ def test_a_cancelled_run_and_a_run_stopped_at_shutdown_end_their_spans(
     started.update({0: threading.Event(), 1: threading.Event()})
     with running_workers(jobs, migrated_url, poll_interval=0.1, shutdown_timeout=0.2):
         cancelled, interrupted = enqueue(clean, jobs, [Ping(n=0), Ping(n=1)])
-        assert started[0].wait(10)
-        assert started[1].wait(10)
+        assert started[0].wait(DEADLINE)
+        assert started[1].wait(DEADLINE)
         with Session(clean) as session, session.begin():
             jobs.cancel(session, [cancelled])
         tracing.wait_for_runs(1)
@@ -383,9 +384,9 @@ def test_importing_sqla_jobs_and_running_a_worker_never_imports_opentelemetry(
             target=worker.run_sync, kwargs={"install_signal_handlers": False}
         )
         thread.start()
-        assert ran.wait(20), "the job did not run"
+        assert ran.wait(50), "the job did not run"
         worker.stop()
-        thread.join(20)
+        thread.join(50)
         loaded = sorted(m for m in sys.modules if m.split(".")[0] == "opentelemetry")
         assert not loaded, loaded
         print("ok")

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from sqla_jobs import JobContext, Jobs
 from sqla_jobs.db.urls import sqlalchemy_url
+from tests._waiting import DEADLINE
 from tests.integration._workers import running_workers, wait_until
 
 
@@ -155,14 +156,22 @@ def test_a_sync_handler_past_its_timeout_commits_nothing(
     release = threading.Event()
     jobs = Jobs()
 
+    started: list[JobContext] = []
+
     @jobs.kind("bump", Bump, timeout=0.3, max_attempts=1)
     def handle(payload: Bump, ctx: JobContext, session: Session) -> None:
         bump(session, payload.counter)
-        release.wait(5)
+        started.append(ctx)
+        release.wait(DEADLINE)
+
+    def past_its_timeout() -> bool:
+        left = started[0].time_left() if started else None
+        return left is not None and left < 0
 
     enqueue(counters, jobs, Bump(counter=1))
-    with running_workers(jobs, migrated_url, lease=3.0, stuck_grace=10.0) as [worker]:
-        time.sleep(0.6)
+    # A long lease: a heartbeat starved on a loaded machine cannot let the reaper take the job.
+    with running_workers(jobs, migrated_url, lease=30.0, stuck_grace=DEADLINE) as [worker]:
+        wait_until(past_its_timeout, what="the handler past its timeout")
         release.set()
         wait_until(lambda: worker.counts["dead"] == 1, what="the job dead")
     assert count_of(counters, 1) == 0
@@ -234,10 +243,17 @@ def test_a_long_transaction_is_logged(
     """A handler holding its transaction open past ``long_transaction`` is logged once."""
     jobs = Jobs()
 
+    def warned() -> bool:
+        return any("held its Session's transaction open" in r.getMessage() for r in caplog.records)
+
     @jobs.kind("bump", Bump)
     def handle(payload: Bump, ctx: JobContext, session: Session) -> None:
         bump(session, payload.counter)
-        time.sleep(0.4)
+        # The transaction stays open until the warning is seen (the loop's timer may fire late on
+        # a loaded machine); a missing warning fails the assertion below, after the deadline.
+        deadline = time.monotonic() + DEADLINE
+        while not warned() and time.monotonic() < deadline:
+            time.sleep(0.02)
 
     enqueue(counters, jobs, Bump(counter=1))
     with (
@@ -299,7 +315,9 @@ def test_a_job_its_own_transaction_completed_is_not_reported_as_lost(
 
     @event.listens_for(maker, "after_commit")
     def slow(session: Session) -> None:
-        time.sleep(1.0)  # the runner thread slow to hand its result back (GIL, load)
+        # The injected fault: the runner thread slow to hand its result back (GIL, load), for
+        # several heartbeats.
+        time.sleep(1.0)
 
     jobs = Jobs()
 
@@ -310,7 +328,8 @@ def test_a_job_its_own_transaction_completed_is_not_reported_as_lost(
     enqueue(counters, jobs, Bump(counter=1))
     with (
         caplog.at_level(logging.WARNING, "sqla_jobs"),
-        running_workers(jobs, migrated_url, sessionmaker=maker, lease=1.5, heartbeat=0.3) as [w],
+        # Heartbeats every 0.3 s, in a lease no starved heartbeat on a loaded machine lets lapse.
+        running_workers(jobs, migrated_url, sessionmaker=maker, lease=6.0, heartbeat=0.3) as [w],
     ):
         wait_until(lambda: w.counts["done"] == 1, what="the job done")
     assert "lease lost" not in caplog.text

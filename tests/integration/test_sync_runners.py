@@ -11,6 +11,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import JobContext, Jobs
+from tests._waiting import DEADLINE
 
 from ._workers import running_workers, wait_until
 
@@ -32,7 +33,7 @@ def test_a_timed_out_sync_handler_keeps_the_only_slot_until_it_returns_then_free
 
     @jobs.kind("stuck", Stuck, timeout=0.3, max_attempts=1)
     def stuck(args: Stuck, ctx: JobContext) -> None:
-        release.wait(30)  # ignores its timeout, as blocking sync code does
+        release.wait(DEADLINE)  # ignores its timeout, as blocking sync code does
 
     @jobs.kind("quick", Quick)
     def quick(args: Quick, ctx: JobContext) -> None:
@@ -50,7 +51,7 @@ def test_a_timed_out_sync_handler_keeps_the_only_slot_until_it_returns_then_free
             assert _state(clean, "stuck") == ("running", None)
             assert not quick_ran.is_set(), "a second handler ran beside the one in the only slot"
             release.set()
-            assert quick_ran.wait(10), "the quick job never ran once the slot was free"
+            assert quick_ran.wait(DEADLINE), "the quick job never ran once the slot was free"
             wait_until(
                 lambda: (_state(clean, "stuck") or ("", ""))[0] == "dead",
                 what="the stuck job to be dead after its timeout",

@@ -26,6 +26,7 @@ from sqla_jobs import (
     testing,
 )
 from sqla_jobs.enqueue.insert import COPY_THRESHOLD
+from tests._waiting import DEADLINE
 
 UTC = timezone.utc
 
@@ -320,7 +321,7 @@ def test_a_second_enqueuer_waits_for_the_first_transaction_then_finds_or_inserts
             wait_for_lock_wait(clean)
             assert waiter.is_alive()
             first.commit() if outcome == "commit" else first.rollback()
-            waiter.join(10)
+            waiter.join(DEADLINE)
         assert len(got) == 1
         if outcome == "commit":
             assert got[0].id == mine.id
@@ -337,7 +338,7 @@ def enqueue_alone(engine: Engine, order_id: int) -> Job:
 
 
 def wait_for_lock_wait(engine: Engine) -> None:
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + DEADLINE
     while time.monotonic() < deadline:
         with engine.connect() as conn:
             waiting = conn.scalar(

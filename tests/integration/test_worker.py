@@ -31,12 +31,15 @@ from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.testing import WorkerSeams
 from sqla_jobs.worker.facade import EXIT_STUCK
 from sqla_jobs.worker.holdings import Holdings
-from tests._waiting import wait_until
+from tests._waiting import DEADLINE, wait_until
 
 T = TypeVar("T")
 
-#: How long any single condition may take before the test fails (generous: CI machines are slow).
-DEADLINE = 10.0
+#: A poll interval no test waits out: a job picked up sooner was claimed on a NOTIFY.
+QUIET_POLL = 60.0
+#: How soon a NOTIFY must bring a job to its handler: a deadline well under ``QUIET_POLL`` (so only
+#: the NOTIFY explains the pickup), generous for a loaded machine. Not a latency benchmark.
+NOTIFY_WITHIN = 15.0
 #: A URL nothing listens on: configuration errors must be raised before any connection is tried.
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nothing"
 #: The claim statement, as pg_stat_activity shows it (LIKE pattern).
@@ -214,6 +217,20 @@ def job_row(engine: Engine, job_id: int) -> Row[Any] | None:
         ).first()
 
 
+def backoff_of(engine: Engine, job_id: int) -> float:
+    """Seconds from the job's last failure (its error entry's time) to its ``run_at``: the backoff
+    it was given, however late the test reads it."""
+    with engine.connect() as conn:
+        seconds: float = conn.execute(
+            text(
+                "SELECT extract(epoch FROM run_at - (errors->-1->>'at')::timestamptz)::float "
+                "FROM sqla_jobs_job WHERE id = :id"
+            ),
+            {"id": job_id},
+        ).scalar_one()
+    return seconds
+
+
 def count(engine: Engine, where: str = "true", table: str = "sqla_jobs_job") -> int:
     with engine.connect() as conn:
         n: int = conn.execute(text(f"SELECT count(*) FROM {table} WHERE {where}")).scalar_one()
@@ -354,12 +371,16 @@ def test_a_sync_handler_past_its_timeout_keeps_its_job_running_until_it_returns_
     release = threading.Event()
     deadlines: list[float | None] = []
 
-    @jobs.kind("hang_sync", Pong, timeout=0.2)
+    # A retry backed off far past the test's end: its row is read after the worker has stopped,
+    # however long that takes on a loaded machine.
+    @jobs.kind("hang_sync", Pong, timeout=0.2, backoff=Backoff(base=600))
     def hang_sync(args: Pong, ctx: JobContext) -> None:
         deadlines.append(ctx.time_left())
         release.wait(DEADLINE)
 
-    worker = Worker(jobs, migrated_url, poll_interval=0.2, lease=3, heartbeat=0.5)
+    # A long lease, renewed every 0.5 s: a starved heartbeat on a loaded machine cannot let it
+    # lapse (the reaper would then take the job back) before the test reads it.
+    worker = Worker(jobs, migrated_url, poll_interval=0.2, lease=30, heartbeat=0.5)
     try:
         with running(worker):
             (job_id,) = enqueue(clean, jobs, [Pong()])
@@ -387,8 +408,10 @@ def test_a_sync_handler_past_its_timeout_keeps_its_job_running_until_it_returns_
     assert row.last_error.startswith("timed out after 0.2s (the sync handler returned ")
     assert row.due_in > 0, "a timeout is a failure: the retry is backed off"
     (left,) = deadlines
+    # The deadline runs from the claim, so a handler thread started late on a loaded machine may
+    # find it already past: only that it is set, and never later than the timeout, is asserted.
     assert left is not None
-    assert 0 < left <= 0.2
+    assert left <= 0.2
 
 
 def test_a_sync_handler_stuck_past_its_grace_stops_the_worker_with_exit_5_and_keeps_its_job(
@@ -451,8 +474,7 @@ def test_failures_back_off_on_the_database_clock_until_dead(
                 f"failure {failures} recorded",
             )
             expected = backoff.delay(failures)
-            # run_at = now() + delay at the failure; we read a moment later, so slightly less.
-            assert expected - 1.0 < row.due_in <= expected + 0.01, (failures, row.due_in)
+            assert backoff_of(clean, job_id) == pytest.approx(expected, abs=0.01), failures
             assert row.last_error.startswith(f"RuntimeError: attempt {failures} failed")
             assert (row.crashes, row.lease_token, row.locked_by) == (0, None, None)
             make_due(clean, job_id)
@@ -509,7 +531,9 @@ def test_unknown_kind_is_failed_with_backoff_and_the_worker_keeps_going(
         wait_until(lambda: job_row(clean, known_id) is None, "the known job completed")
     assert (row.state, row.attempts, row.crashes, row.lease_token) == ("pending", 1, 0, None)
     assert "unknown kind 'vanished'" in row.last_error
-    assert 0.5 < row.due_in <= 2.0, "failed with the default backoff (2 s after one failure)"
+    assert backoff_of(clean, unknown_id) == pytest.approx(2.0, abs=0.01), (
+        "not the default backoff (2 s after one failure)"
+    )
     assert (worker.counts["failed"], worker.counts["done"]) == (1, 1)
 
 
@@ -803,9 +827,9 @@ def _pickup_latency(
 
 def _settle(engine: Engine, jobs: Jobs, runs: Runs, n: int) -> None:
     """Run one job to completion, so that the start-up (or reconnect) wakeups are spent and the
-    worker is idle on its poll timer. Allows for the 30 s poll: a NOTIFY can be lost to the race
+    worker is idle on its poll timer. Allows for the quiet poll: a NOTIFY can be lost to the race
     that test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost documents."""
-    _pickup_latency(engine, jobs, runs, n, timeout=35)
+    _pickup_latency(engine, jobs, runs, n, timeout=QUIET_POLL + DEADLINE)
     wait_until(lambda: count(engine) == 0, "the settling job completed")
 
 
@@ -819,20 +843,20 @@ def test_notify_wakes_an_idle_worker_and_survives_a_killed_listen_connection(
     async def ping(args: Ping, ctx: JobContext) -> None:
         runs.record(args, ctx)
 
-    # Polling every 30 s: a pickup within a second can only come from the NOTIFY.
-    worker = Worker(jobs, migrated_url, listen=True, poll_interval=30.0)
+    # Polling every QUIET_POLL: a pickup within NOTIFY_WITHIN can only come from the NOTIFY.
+    worker = Worker(jobs, migrated_url, listen=True, poll_interval=QUIET_POLL)
     with running(worker):
         listener = worker.listener
         assert listener is not None
         wait_until(lambda: listener.connects == 1, "listener connected")
         _settle(clean, jobs, runs, 0)
-        assert _pickup_latency(clean, jobs, runs, 1) < 1.0
+        assert _pickup_latency(clean, jobs, runs, 1) < NOTIFY_WITHIN
 
         terminate(clean, _listener_pid(clean))
         wait_until(lambda: listener.connects == 2, "listener reconnected")
         assert listener.connected.is_set()
         _settle(clean, jobs, runs, 2)
-        assert _pickup_latency(clean, jobs, runs, 3) < 1.0, "latency did not recover"
+        assert _pickup_latency(clean, jobs, runs, 3) < NOTIFY_WITHIN, "latency did not recover"
         wait_until(lambda: count(clean) == 0, "all jobs completed")
     assert worker.counts["done"] == 4
 
@@ -968,7 +992,7 @@ def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
     # claim is in flight.
     with gated_claims(clean, "gate") as holder:
         gate_id = insert_raw(clean, "gate", "{}")
-        worker = Worker(jobs, migrated_url, listen=True, poll_interval=30.0)
+        worker = Worker(jobs, migrated_url, listen=True, poll_interval=QUIET_POLL)
         with running(worker):
             wait_until(
                 lambda: gate_waiters(clean) == ["claim"],
@@ -986,16 +1010,16 @@ def test_a_notify_that_arrives_while_a_claim_is_in_flight_is_not_lost(
             runs.wait_for(lambda rs: any(r.job_id == gate_id for r in rs), "the gate job ran")
             runs.wait_for(
                 lambda rs: any(r.job_id == ping_id for r in rs),
-                "the job announced during the claim ran without waiting for the 30 s poll",
-                timeout=3.0,
+                "the job announced during the claim ran without waiting for the poll",
+                timeout=NOTIFY_WITHIN,
             )
 
 
 def _idle_listening_worker(jobs: Jobs, url: str, runs: Runs) -> Worker:
-    """A worker that only a NOTIFY can wake in time (30 s poll), for :func:`_gate_and_ping`'s
+    """A worker that only a NOTIFY can wake in time (QUIET_POLL), for :func:`_gate_and_ping`'s
     kinds."""
     _gate_and_ping(jobs, runs)
-    return Worker(jobs, url, listen=True, poll_interval=30.0)
+    return Worker(jobs, url, listen=True, poll_interval=QUIET_POLL)
 
 
 def _parked(worker: Worker) -> Callable[[], bool]:
@@ -1029,7 +1053,9 @@ def test_an_idle_worker_claims_on_its_listen_connection_when_notified(
     with running(worker):
         wait_until(_parked(worker), "the worker is idle")
         (job_id,) = enqueue(clean, jobs, [Pong()])
-        runs.wait_for(lambda rs: [r.job_id for r in rs] == [job_id], "the job ran", timeout=3.0)
+        runs.wait_for(
+            lambda rs: [r.job_id for r in rs] == [job_id], "the job ran", timeout=NOTIFY_WITHIN
+        )
         # Completed first: until its completion is written, the claim connection's last query is
         # still the claim it made at start, before it parked.
         wait_until(lambda: count(clean) == 0, "the job completed")
@@ -1039,7 +1065,7 @@ def test_an_idle_worker_claims_on_its_listen_connection_when_notified(
         assert backend_pids(clean, CLAIM_SQL, "claim") == []
         wait_until(_parked(worker), "the worker is idle again")
         (second,) = enqueue(clean, jobs, [Pong()])
-        runs.wait_for(lambda rs: len(rs) == 2, "the second job ran", timeout=3.0)
+        runs.wait_for(lambda rs: len(rs) == 2, "the second job ran", timeout=NOTIFY_WITHIN)
     assert worker.counts["claimed"] == worker.counts["done"] == 2
     assert [r.attempt for r in runs.of(second)] == [1]
 
@@ -1054,7 +1080,9 @@ def test_a_stop_while_the_listener_claims_gives_the_claimed_job_back(
         (job_id,) = enqueue(clean, jobs, [Ping()])
         wait_until(lambda: gate_waiters(clean) == ["listen"], "the listener's claim is held")
         worker.stop()
-        time.sleep(0.2)  # the fetch loop is out; the shutdown waits for the listener's claim
+        # A window for what must not happen (the worker exiting while its listener's claim is
+        # held), long enough for the fetch loop to be out on a loaded machine.
+        time.sleep(1.0)
         assert thread.thread.is_alive()
         open_gate(holder)
         thread.stop()
@@ -1081,8 +1109,10 @@ def test_a_listen_connection_killed_mid_claim_loses_no_job(
         wait_until(lambda: listener.connects == 2, "the listener reconnected")
         open_gate(holder)
         # The killed claim rolled back; the fetch loop claims the job on its own connection,
-        # without waiting for the 30 s poll.
-        runs.wait_for(lambda rs: [r.job_id for r in rs] == [job_id], "the job ran", timeout=5.0)
+        # without waiting for the quiet poll.
+        runs.wait_for(
+            lambda rs: [r.job_id for r in rs] == [job_id], "the job ran", timeout=NOTIFY_WITHIN
+        )
         wait_until(lambda: count(clean) == 0, "the job completed")
     assert [r.attempt for r in runs.all] == [1]
 
@@ -1167,7 +1197,7 @@ def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
 
     # No polling: a poll in flight when the NOTIFY comes lets the second lane claim the job (once
     # failed in CI). Parked, the listener's thread claims it.
-    idle = Worker(jobs, migrated_url, concurrency=4, poll_interval=30.0, name="idle")
+    idle = Worker(jobs, migrated_url, concurrency=4, poll_interval=QUIET_POLL, name="idle")
     with running(idle):
         wait_until(_parked(idle), "the worker is idle")
         (one,) = enqueue(clean, jobs, [Ping(n=0)])

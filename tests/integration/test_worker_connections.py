@@ -15,6 +15,7 @@ from sqla_jobs.db.connections import AsyncConn, Conn, Connector
 from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.testing import WorkerSeams
 from sqla_jobs.worker.listener import Listener
+from tests._waiting import DEADLINE
 
 from ._workers import running_workers, wait_until
 
@@ -94,7 +95,7 @@ def test_a_listen_connection_lost_before_its_first_look_is_logged_back(
         looks.append(conn.info.backend_pid)
         if len(looks) == 1:
             first_look.set()
-            release.wait(10)
+            release.wait(DEADLINE)
             conn.execute("SELECT 1")  # as the worker's claim on this connection would
 
     listener = Listener(
@@ -107,17 +108,16 @@ def test_a_listen_connection_lost_before_its_first_look_is_logged_back(
     with caplog.at_level(logging.INFO, logger="sqla_jobs.worker"):
         listener.start()
         try:
-            assert first_look.wait(10)
+            assert first_look.wait(DEADLINE)
             with clean.connect() as db:
                 db.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": looks[0]})
             release.set()
-            wait_until(lambda: listener.connects == 1 and len(looks) == 2, timeout=10)
+            wait_until(lambda: listener.connects == 1 and len(looks) == 2)
             events = [getattr(r, "event", None) for r in caplog.records]
             wait_until(
                 lambda: "listener_back" in [getattr(r, "event", None) for r in caplog.records],
-                timeout=5,
                 what=f"listener_back after listener_lost (events: {events})",
             )
         finally:
             listener.stop()
-            listener.join(10)
+            listener.join(DEADLINE)

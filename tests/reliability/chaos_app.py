@@ -43,13 +43,23 @@ TABLES_DDL = (
     " id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, note text NOT NULL)",
     "CREATE TABLE IF NOT EXISTS chaos_violations ("
     " job_id bigint NOT NULL, order_id bigint NOT NULL, pid int NOT NULL, UNIQUE (job_id, pid))",
+    # Gates a test opens to let its held jobs finish (a row per open gate).
+    "CREATE TABLE IF NOT EXISTS chaos_gates (gate text PRIMARY KEY)",
 )
+#: How long a held job waits for its gate at most: a test that died never leaves a worker waiting.
+HOLD_CAP_S = 600.0
 
 
 class Work(BaseModel):
     """Work for ``ms`` milliseconds, then record the run."""
 
     ms: int = 0
+
+
+class Held(BaseModel):
+    """Run until the test opens ``gate`` (:func:`open_gate`), then record the run."""
+
+    gate: str
 
 
 class Poison(BaseModel):
@@ -108,6 +118,23 @@ def work(args: Work, ctx: JobContext) -> None:
     record_run(ctx)
 
 
+def wait_for_gate(gate: str) -> None:
+    """Return once the test has opened ``gate`` (or after ``HOLD_CAP_S``). A job that must still
+    be running when the test looks waits on this event, not for a duration that a loaded
+    machine can outlast."""
+    deadline = time.monotonic() + HOLD_CAP_S
+    while time.monotonic() < deadline:
+        if _connection().execute("SELECT 1 FROM chaos_gates WHERE gate = %s", (gate,)).fetchone():
+            return
+        time.sleep(0.05)
+
+
+@jobs.kind("chaos_held", Held)
+def held(args: Held, ctx: JobContext) -> None:
+    wait_for_gate(args.gate)
+    record_run(ctx)
+
+
 @jobs.kind("chaos_poison", Poison)
 def poison(args: Poison, ctx: JobContext) -> None:
     record_run(ctx)
@@ -137,9 +164,17 @@ def reset_tables(engine: Engine) -> None:
             conn.execute(text(ddl))
         conn.execute(
             text(
-                "TRUNCATE chaos_effects, chaos_orders, chaos_violations, sqla_jobs_job, "
-                "sqla_jobs_history"
+                "TRUNCATE chaos_effects, chaos_orders, chaos_violations, chaos_gates, "
+                "sqla_jobs_job, sqla_jobs_history"
             )
+        )
+
+
+def open_gate(engine: Engine, gate: str) -> None:
+    """Let every job held on ``gate`` finish."""
+    with engine.begin() as conn:
+        conn.execute(
+            text("INSERT INTO chaos_gates VALUES (:g) ON CONFLICT DO NOTHING"), {"g": gate}
         )
 
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, text
 
 from sqla_jobs import Backoff, JobContext, Jobs
-from tests.reliability.chaos_app import _connection, _write, record_run, reset_tables
+from tests.reliability.chaos_app import _connection, _write, record_run, reset_tables, wait_for_gate
 
 TARGET = "tests.reliability.fault_app:jobs"
 
@@ -43,6 +43,12 @@ class Refuse(BaseModel):
     """Record the run, then fail (raise)."""
 
 
+class Hold(BaseModel):
+    """Wait until the test opens ``gate`` (``chaos_app.open_gate``), then record the run."""
+
+    gate: str
+
+
 class Overrun(BaseModel):
     """Record the run's start, sleep ``ms`` ignoring the kind's timeout, record its end."""
 
@@ -60,6 +66,12 @@ def sleep(args: Sleep, ctx: JobContext) -> None:
 def refuse(args: Refuse, ctx: JobContext) -> None:
     record_run(ctx)
     raise RuntimeError("refused on purpose")
+
+
+@jobs.kind("fault_hold", Hold)
+def hold(args: Hold, ctx: JobContext) -> None:
+    wait_for_gate(args.gate)
+    record_run(ctx)
 
 
 @jobs.kind(

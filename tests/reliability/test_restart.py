@@ -165,11 +165,12 @@ def test_workers_ride_out_a_database_restart_without_losing_jobs_or_spinning(
                 # measured recovery longer, never shorter).
                 left = queue_length(engine)
                 held_at_stop |= running_jobs(engine)
-                wait_until(
-                    queue_at_most(engine, left - 1),
-                    timeout=60,
-                    what="a job completed after the restart",
-                )
+                try:
+                    wait_until(
+                        queue_at_most(engine, left - 1), what="a job completed after the restart"
+                    )
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; the workers' logs:\n{fleet.logs()}") from None
                 recoveries.append(time.monotonic() - back)
             # Jobs enqueued after the last restart run too (LISTEN or polling came back).
             with Session(engine) as session:
