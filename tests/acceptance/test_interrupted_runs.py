@@ -33,7 +33,7 @@ pytestmark = pytest.mark.slow
 #: Starting pytest and an embedded server (initdb included) on a loaded machine.
 STARTUP = 90.0
 #: Stopping the servers and removing their directories once the run is interrupted.
-CLEANUP = 30.0
+CLEANUP = 90.0
 
 HOLDER = """\
 import os

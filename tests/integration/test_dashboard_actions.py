@@ -4,6 +4,8 @@ refused operation a flash with nothing changed."""
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import Engine, text
 
 from ._dashboard import add_jobs, dashboard, flash, make_jobs, paused, post, set_state, state_of
@@ -97,7 +99,10 @@ def test_a_forged_pause_of_a_queue_the_page_does_not_list_is_refused(clean: Engi
         level, message = flash(client, done)
         assert level == "error"
         assert message.startswith("unknown queue 'alpah'")
-        assert "known queues: mail" in message
+        # Earlier tests in this database may have left queues of their own (throughput rows).
+        known = re.search(r"known queues: ([^)]*)\)", message)
+        assert known is not None, message
+        assert "mail" in known.group(1).split(", "), message
         assert not paused(clean, "alpah")
         post(client, "/queues/mail/pause")
         again = post(client, "/queues/mail/pause")

@@ -33,6 +33,7 @@ from sqlalchemy.orm import Session
 from sqla_jobs import JobContext, Jobs, Worker
 from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.observe import stats
+from tests._waiting import wait_until
 from tests.reliability import edge_app
 from tests.reliability.conftest import Figures, injects, scaled
 from tests.reliability.edge_app import wait_running
@@ -210,7 +211,13 @@ def test_held_snapshot_pins_dead_tuples_and_stats_warns_about_it(
     # held phase's, and once it is released it removes them.
     assert held.vacuum.n_dead_tup >= len(held.committed)
     assert baseline.vacuum.n_dead_tup < held.vacuum.n_dead_tup
-    assert released.n_dead_tup < held.vacuum.n_dead_tup
+    # Another session of the server (a neighbour's test, beside this one) may hold the horizon
+    # a moment longer: VACUUM again until it has removed them, within the suite's deadline.
+    if released.n_dead_tup >= held.vacuum.n_dead_tup:
+        wait_until(
+            lambda: vacuum(migrated_url, fresh).n_dead_tup < held.vacuum.n_dead_tup,
+            "VACUUM removes the dead tuples once the snapshot is released",
+        )
     figures.record(
         rate_per_s=rate,
         seconds_per_phase=seconds,
