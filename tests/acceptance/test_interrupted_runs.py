@@ -64,6 +64,10 @@ def data_dirs(tmp: Path) -> list[Path]:
     return sorted(tmp.glob("sqla-jobs-pg-*"))
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @dataclass
 class Run:
     """A test run in a session of its own, on embedded servers under ``tmp``."""
@@ -132,7 +136,9 @@ def start_run(tmp_path: Path) -> Iterator[Callable[[list[str]], Run]]:
         at = command.index("{holder}")
         log = tmp_path / "run.log"
         with log.open("wb") as out:
-            # A session of its own: a signal to its group reaches this run only.
+            # A session of its own: a signal to its group reaches this run only. Ctrl-C as at a
+            # terminal: an xdist worker (this test's process, under `nox -s tests`) ignores
+            # SIGINT, and a child inherits that; a run started from a shell does not.
             proc = subprocess.Popen(
                 [*command[:at], *holder, *command[at + 1 :]],
                 cwd=tmp_path,
@@ -140,6 +146,7 @@ def start_run(tmp_path: Path) -> Iterator[Callable[[list[str]], Run]]:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_default_sigint,
             )
         started.append(Run(proc, tmp, markers, log))
         return started[-1]
