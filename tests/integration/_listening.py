@@ -22,14 +22,18 @@ class Heard:
 
     def __init__(self, url: str, channel: str) -> None:
         self._channel = channel
-        self._conn = psycopg.connect(libpq_conninfo(url), autocommit=True)
+        self._conninfo = libpq_conninfo(url)
+        self._conn = psycopg.connect(self._conninfo, autocommit=True)
         self._conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
 
     def drain(self) -> None:
         """Read past every notification already sent: up to a marker of its own, which arrives
         after them (a fixed window would miss one that a loaded machine delivers late)."""
         marker = f"drain-marker-{secrets.token_hex(4)}"
-        self._conn.execute("SELECT pg_notify(%s, %s)", (self._channel, marker))
+        # Sent from another session: one this session sent itself arrives during its own
+        # execute(), which psycopg before 3.2 hands to handlers only, never to notifies().
+        with psycopg.connect(self._conninfo, autocommit=True) as other:
+            other.execute("SELECT pg_notify(%s, %s)", (self._channel, marker))
         for note in self._conn.notifies(timeout=DEADLINE):
             if note.payload == marker:
                 return
