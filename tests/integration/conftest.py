@@ -17,7 +17,11 @@ from ._listening import Heard
 def heard(migrated_url: str) -> Iterator[Heard]:
     """A LISTEN connection on the jobs' channel, past what earlier tests left on it."""
     made = Heard(migrated_url, Jobs().channel)
-    assert _notifier.flush_all(DEADLINE)
-    made.drain()
-    yield made
-    made.close()
+    try:
+        assert _notifier.flush_all(DEADLINE)
+        made.drain()
+        yield made
+    finally:
+        # Closed even when the setup fails: a connection left to the garbage collector warns
+        # in whichever test runs then, and warnings are errors.
+        made.close()
