@@ -33,7 +33,7 @@ from sqla_jobs.errors import QueueInUseError, UnknownQueueError
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.observe.stats import queue_overview
 from sqla_jobs.operations import jobs as _ops
-from sqla_jobs.operations.jobs import FILTER_LIMIT, RUNNING_CANCEL_NOTE, said
+from sqla_jobs.operations.jobs import FILTER_LIMIT, RUNNING_CANCEL_NOTE, Bound, said
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -101,14 +101,31 @@ def ids_or_all_dead(
     return ids, checked_name("kind", args.kind), checked_name("queue", args.queue)
 
 
+def _by_filter(
+    args: argparse.Namespace,
+    session: Session,
+    jobs: Jobs,
+    verb: str,
+    ids: list[int],
+    kind: str | None,
+    queue: str | None,
+) -> tuple[bool, Bound | None]:
+    """For ``verb`` by filter (no ids): whether ``--dry-run`` listed it already (nothing more to
+    do), and the bound a confirmation set (:mod:`sqla_jobs.cli.confirm`); by ids, neither."""
+    if ids:
+        return False, None
+    if args.dry_run:
+        confirm.dry_run(session, jobs._scope, verb, kind, queue)
+        return True, None
+    return False, confirm.confirmed(args, session, jobs._scope, verb, kind, queue)
+
+
 def cmd_retry(args: argparse.Namespace) -> int:
     ids, kind, queue = ids_or_all_dead(args, "retry")
     with open_session(args) as (jobs, session):
-        bound = None
-        if not ids:
-            if args.dry_run:
-                return confirm.dry_run(session, jobs._scope, "retry", kind, queue)
-            bound = confirm.confirmed(args, session, jobs._scope, "retry", kind, queue)
+        listed, bound = _by_filter(args, session, jobs, "retry", ids, kind, queue)
+        if listed:
+            return EXIT_OK
         with _transaction(session, args.dry_run):
             result = _ops.retry_detail(
                 session, jobs._scope, ids or None, kind=kind, queue=queue, bound=bound
@@ -128,11 +145,9 @@ def cmd_retry(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     ids, kind, queue = ids_or_all_dead(args, "delete")
     with open_session(args) as (jobs, session):
-        bound = None
-        if not ids:
-            if args.dry_run:
-                return confirm.dry_run(session, jobs._scope, "delete", kind, queue)
-            bound = confirm.confirmed(args, session, jobs._scope, "delete", kind, queue)
+        listed, bound = _by_filter(args, session, jobs, "delete", ids, kind, queue)
+        if listed:
+            return EXIT_OK
         with _transaction(session, args.dry_run):
             done = _ops.delete(
                 session, jobs._scope, ids or None, kind=kind, queue=queue, bound=bound
@@ -152,11 +167,9 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         raise CLIError("give the ids of the jobs to cancel, or --queue (and --kind)")
     kind, queue = checked_name("kind", args.kind), checked_name("queue", args.queue)
     with open_session(args) as (jobs, session):
-        bound = None
-        if not ids:
-            if args.dry_run:
-                return confirm.dry_run(session, jobs._scope, "cancel", kind, queue)
-            bound = confirm.confirmed(args, session, jobs._scope, "cancel", kind, queue)
+        listed, bound = _by_filter(args, session, jobs, "cancel", ids, kind, queue)
+        if listed:
+            return EXIT_OK
         with _transaction(session, args.dry_run):
             result = _ops.cancel(
                 session, jobs._scope, ids or None, kind=kind, queue=queue, bound=bound

@@ -142,12 +142,9 @@ class Actions:
         verb: str,
         operation: Callable[[FormData], Callable[[Session], str]],
     ) -> Response:
-        if self.dash.read_only:
-            return self._refuse(request, verb, "this dashboard is read-only", "")
-        form = await request.form()
-        refusal = self.dash.csrf.refusal(request, form.get(FIELD))
-        if refusal is not None:
-            return self._refuse(request, verb, refusal, " Reload the page and try again.")
+        form = await self._form(request, verb)
+        if isinstance(form, Response):
+            return form
         try:
             run = operation(form)
         except _reads.BadRequest as exc:
@@ -184,6 +181,17 @@ class Actions:
             )
         log.info("%s (%s)", done, who, extra={"event": f"dashboard_{verb}"})
         return Flash("ok", done)
+
+    async def _form(self, request: Request, verb: str) -> FormData | Response:
+        """The POST's form, or the refusal to send instead (a read-only dashboard, a bad or
+        missing CSRF token): every action's first step."""
+        if self.dash.read_only:
+            return self._refuse(request, verb, "this dashboard is read-only", "")
+        form = await request.form()
+        refusal = self.dash.csrf.refusal(request, form.get(FIELD))
+        if refusal is not None:
+            return self._refuse(request, verb, refusal, " Reload the page and try again.")
+        return form
 
     def _refuse(self, request: Request, verb: str, why: str, hint: str) -> Response:
         log.warning(

@@ -25,7 +25,6 @@ from starlette.responses import RedirectResponse, Response
 
 from sqla_jobs.dashboard import _reads
 from sqla_jobs.dashboard._actions import JOB_VERBS, Actions, _cancelled, _next
-from sqla_jobs.dashboard._csrf import FIELD
 from sqla_jobs.dashboard._flash import Flash
 from sqla_jobs.dashboard._render import link
 from sqla_jobs.operations import jobs as _ops
@@ -68,12 +67,9 @@ class Bulk:
         if verb not in JOB_VERBS:
             raise HTTPException(404)
         actions = self.actions
-        if self.dash.read_only:
-            return actions._refuse(request, verb, "this dashboard is read-only", "")
-        form = await request.form()
-        refusal = self.dash.csrf.refusal(request, form.get(FIELD))
-        if refusal is not None:
-            return actions._refuse(request, verb, refusal, " Reload the page and try again.")
+        form = await actions._form(request, verb)
+        if isinstance(form, Response):
+            return form
         try:
             queue, kind = _filter(verb, form)
             confirmed = _confirmed(form)
