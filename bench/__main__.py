@@ -25,7 +25,9 @@ from sqla_jobs.db.urls import redact
 
 from . import (
     commit_path,
+    commit_path_lib,
     contention,
+    delayed,
     drain,
     enqueue,
     growth,
@@ -47,9 +49,11 @@ MEASUREMENTS: dict[str, Callable[[Context], Outcome]] = {
     "drain": drain.run,
     "session": session.run,
     "latency": latency.run,
+    "delayed": delayed.run,
     "mvcc": mvcc.run,
     "contention": contention.run,
     "commit_path": commit_path.run,
+    "commit_path_library": commit_path_lib.measure,
     "memory": memory.run,
     "prune": prune.run,
     "growth": growth.run,

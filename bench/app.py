@@ -3,6 +3,7 @@ the handlers that write one application row (the session measurement)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -11,7 +12,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_jobs import JobContext, Jobs, Unique
+from sqla_jobs import JobContext, Jobs, RateLimit, Unique
 from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
 from sqla_jobs.kinds import Handler
 
@@ -68,13 +69,21 @@ def make_engine(url: str) -> Engine:
     return create_engine(sqlalchemy_url(url))
 
 
-def prefill(subject: Subject, url: str, n: int, *, chunk: int = 10_000) -> None:
-    """Put ``n`` due jobs in ``subject``'s table, fast (not timed): enqueue_many or COPY."""
+#: The rate limit of the limited drain: 100,000 starts a second, which a drain never reaches, so
+#: what it measures is the limited claim's own cost (the limiter row locked, its log rewritten).
+LIMITED = RateLimit(1000, per=timedelta(milliseconds=10))
+
+
+def prefill(
+    subject: Subject, url: str, n: int, *, chunk: int = 10_000, limited: bool = False
+) -> None:
+    """Put ``n`` due jobs in ``subject``'s table, fast (not timed): enqueue_many or COPY;
+    ``limited``: of the ping kind under :data:`LIMITED`."""
     if subject == "baseline":
         with psycopg.connect(libpq_conninfo(url)) as conn:
             baseline.copy_jobs(conn, KIND, (payload_dict(i) for i in range(n)))
         return
-    jobs = make_jobs()
+    jobs = make_jobs(rate_limit=LIMITED) if limited else make_jobs()
     engine = make_engine(url)
     try:
         for start in range(0, n, chunk):

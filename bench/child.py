@@ -37,10 +37,11 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.impl == "sqla":
         from sqla_jobs.worker.facade import Worker
 
-        from .app import make_jobs, write_jobs
+        from .app import LIMITED, make_jobs, write_jobs
 
+        limit: dict[str, Any] = {"rate_limit": LIMITED} if args.rate_limited else {}
         jobs, maker = (
-            (make_jobs(concurrency_limit=args.concurrency_limit), None)
+            (make_jobs(concurrency_limit=args.concurrency_limit, **limit), None)
             if args.handler is None
             else write_jobs(args.handler, args.url, args.loops)
         )
@@ -141,6 +142,11 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=None,
         help="with --impl sqla: the ping kind's limit per key (the key given at enqueue)",
+    )
+    w.add_argument(
+        "--rate-limited",
+        action="store_true",
+        help="with --impl sqla: the ping kind under bench.app.LIMITED (never reached)",
     )
     w.add_argument(
         "--handler",

@@ -393,4 +393,6 @@ def run(ctx: Context) -> Outcome:
                     subject_label=LABELS[variant],
                 )
             )
-    return Outcome(rows, raw)
+    from . import commit_path_lib  # it imports this module's Listener and LockSampler
+
+    return Outcome(rows + commit_path_lib.run(ctx, raw), raw)

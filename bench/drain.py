@@ -38,14 +38,16 @@ def backend_cpu(conn: psycopg.Connection[Any]) -> float:
 
 
 def drain_once(
-    ctx: Context, impl: str, concurrency: int, processes: int, jobs: int
+    ctx: Context, impl: str, concurrency: int, processes: int, jobs: int, *, limited: bool = False
 ) -> dict[str, float]:
     """One drain in a fresh database; returns jobs/s, and the CPU time per job (microseconds) of
-    the worker processes and of the server processes serving them."""
+    the worker processes and of the server processes serving them. ``limited``: sqla-jobs' jobs
+    of a rate limited kind (a limit never reached, ``bench.app.LIMITED``)."""
     subject = IMPLS[impl]
     with fresh_database(ctx.server_url, subject) as url:
-        prefill(subject, url, jobs)
-        return drain_in(url, impl, concurrency, processes, jobs)
+        prefill(subject, url, jobs, limited=limited)
+        extra = ("--rate-limited",) if limited else ()
+        return drain_in(url, impl, concurrency, processes, jobs, *extra)
 
 
 def drain_in(

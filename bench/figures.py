@@ -81,12 +81,21 @@ class Row:
     note: str = ""
     #: What the subject column holds when it is not sqla-jobs (the contention rows).
     subject_label: str = "sqla-jobs"
+    #: The ratio is the median of the same-repetition ratios, not the ratio of the medians: for
+    #: two loops measured side by side in each repetition, a drift of the machine between
+    #: repetitions moves both sides of one ratio together.
+    paired: bool = False
 
     @property
     def ratio(self) -> float | None:
-        """sqla-jobs' median over the baseline's median (None without a baseline)."""
+        """sqla-jobs' median over the baseline's median, or with :attr:`paired` the median of the
+        repetitions' ratios (None without a baseline)."""
         if self.baseline is None or not self.baseline.samples or not self.subject.samples:
             return None
+        if self.paired and len(self.subject.samples) == len(self.baseline.samples):
+            pairs = zip(self.subject.samples, self.baseline.samples, strict=True)
+            ratios = [a / b for a, b in pairs if b]
+            return statistics.median(ratios) if ratios else None
         base = self.baseline.median
         return self.subject.median / base if base else None
 
@@ -106,6 +115,7 @@ class Row:
             "baseline": None if self.baseline is None else self.baseline.as_dict(),
             "baseline_label": self.baseline_label,
             "ratio": self.ratio,
+            "paired": self.paired,
             "target": None if self.target is None else self.target.describe(),
             "meets": self.meets,
             "note": self.note,

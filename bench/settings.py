@@ -33,6 +33,8 @@ class Sizes:
     prune_history: int = 1_000_000
     commit_path_seconds: float = 12.0
     commit_path_clients: tuple[int, ...] = (1, 8, 32, 64)
+    #: Writer threads of the library's own commit-path run (bench.commit_path_lib).
+    commit_path_library_writers: tuple[int, ...] = (32, 64)
     growth_drain: int = 20_000
     growth_big: int = 2_000_000
     growth_dead: int = 500_000

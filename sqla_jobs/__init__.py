@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from sqla_jobs.backoff import Backoff
 from sqla_jobs.context import Discard, JobContext, Snooze
+from sqla_jobs.db.failover import failover_safe
 from sqla_jobs.errors import (
     ConfigurationError,
     DatabaseURLError,
+    DependencyError,
     DuplicateJobError,
     EnqueueError,
     EnqueueHookError,
@@ -24,11 +26,13 @@ from sqla_jobs.errors import (
     JobReferencedError,
     JobStateError,
     LeaseLostError,
+    NoResultError,
     NotMigratedError,
     OperationError,
     PayloadTooLargeError,
     QueueInUseError,
     RegistryError,
+    ResultError,
     ScheduleNotFoundError,
     SqlaJobsError,
     StepError,
@@ -45,6 +49,7 @@ from sqla_jobs.operations.jobs import CancelResult
 from sqla_jobs.operations.queues import QueueChange
 from sqla_jobs.periodic.ops import ScheduleInfo
 from sqla_jobs.periodic.schedule import Periodic
+from sqla_jobs.rate_limit import RateLimit
 from sqla_jobs.retention import Retention
 from sqla_jobs.unique import EnqueuedIds, OnConflict, Unique
 from sqla_jobs.worker.facade import Worker
@@ -54,6 +59,7 @@ __all__ = [
     "CancelResult",
     "ConfigurationError",
     "DatabaseURLError",
+    "DependencyError",
     "Discard",
     "DuplicateJobError",
     "EnqueueBatch",
@@ -79,6 +85,7 @@ __all__ = [
     "Kind",
     "KindOptions",
     "LeaseLostError",
+    "NoResultError",
     "NotMigratedError",
     "OnConflict",
     "OperationError",
@@ -88,7 +95,9 @@ __all__ = [
     "QueueChange",
     "QueueInUseError",
     "QueueState",
+    "RateLimit",
     "RegistryError",
+    "ResultError",
     "Retention",
     "ScheduleInfo",
     "ScheduleNotFoundError",
@@ -100,6 +109,7 @@ __all__ = [
     "UnknownKindError",
     "UnknownQueueError",
     "Worker",
+    "failover_safe",
     "link_table",
     "metadata",
 ]

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from sqla_jobs.backoff import Backoff
     from sqla_jobs.context import JobContext
+    from sqla_jobs.rate_limit import RateLimit
     from sqla_jobs.unique import Unique
 
 M = TypeVar("M", bound=BaseModel)
@@ -30,14 +31,23 @@ R = TypeVar("R")
 PayloadHandler = Callable[[M, "JobContext"], object]
 
 
+#: What a sync handler that takes a ``Session`` may return: None, or the result a kind with
+#: ``results=True`` stores. Never a coroutine: an ``async def`` taking a ``Session`` would never run.
+SessionResult = None | bool | int | float | str | list[Any] | dict[str, Any] | BaseModel
+RS = TypeVar("RS", bound=SessionResult)
+
+
 class SessionHandler(Protocol[M_contra]):
     """``(payload, ctx, session)``, sync: run with the ``Session`` its job completes in.
 
-    It returns None: its result is dropped, so an ``async def`` taking a ``Session``, whose
-    coroutine would never run, does not fit (it takes an ``AsyncSession``).
+    It returns None, or the result a kind with ``results=True`` stores (``SessionResult``):
+    never a coroutine, so an ``async def`` taking a ``Session``, whose coroutine would never run,
+    does not fit (it takes an ``AsyncSession``).
     """
 
-    def __call__(self, payload: M_contra, ctx: JobContext, session: Session, /) -> None: ...
+    def __call__(
+        self, payload: M_contra, ctx: JobContext, session: Session, /
+    ) -> SessionResult: ...
 
 
 class AsyncSessionHandler(Protocol[M_contra]):
@@ -71,6 +81,8 @@ if TYPE_CHECKING:
         timeout: float | None
         concurrency_key: Callable[[M], str] | None
         concurrency_limit: int | None
+        rate_limit: RateLimit | None
+        results: bool
 
     class KindArgs(KindOptionArgs[M], total=False):
         """The keyword options of ``register`` and ``@kind`` (see :class:`KindOptions`): a name
@@ -120,8 +132,8 @@ class KindDecorator(Generic[M]):
 
     @overload
     def __call__(
-        self, handler: Callable[[M, JobContext, Session], None]
-    ) -> Callable[[M, JobContext, Session], None]: ...
+        self, handler: Callable[[M, JobContext, Session], RS]
+    ) -> Callable[[M, JobContext, Session], RS]: ...
 
     def __call__(self, handler: HandlerOf[M]) -> HandlerOf[M]:
         self._registry.register(self._name, self._model, handler, **self._options)

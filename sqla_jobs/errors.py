@@ -88,6 +88,17 @@ class DuplicateJobError(EnqueueError):
         self.positions = positions
 
 
+class DependencyError(EnqueueError):
+    """``depends_on`` names a job that cannot be accounted for: no row in the job table and no
+    recorded outcome (never enqueued, or finished with nobody depending on it and since gone).
+    Raised after one read and before anything is written: the transaction stays usable.
+    ``job_ids`` are the unknown parents."""
+
+    def __init__(self, message: str, job_ids: list[int]) -> None:
+        super().__init__(message)
+        self.job_ids = job_ids
+
+
 class DatabaseURLError(SqlaJobsError):
     """A database URL that cannot be used (wrong scheme, unparseable)."""
 
@@ -99,6 +110,12 @@ class LeaseLostError(SqlaJobsError):
 
 class StepError(SqlaJobsError):
     """A durable step was misused: an empty name, or a result that is not JSON-serializable."""
+
+
+class ResultError(SqlaJobsError):
+    """A handler of a kind with ``results=True`` returned a value that cannot be stored: not
+    JSON-serializable, or past ``MAX_RESULT_BYTES`` (64 KiB) of JSON. Its run fails
+    (and is retried like any failure): its children would otherwise run without their input."""
 
 
 class NotMigratedError(SqlaJobsError):
@@ -139,6 +156,15 @@ class JobNotFoundError(OperationError):
     def __init__(self, message: str, ids: list[int]) -> None:
         super().__init__(message)
         self.ids = ids
+
+
+class NoResultError(OperationError):
+    """``jobs.result``: job ``job_id`` has no stored result: it has not completed, its kind does
+    not store results (``results=True``), or its result was pruned with its outcome."""
+
+    def __init__(self, message: str, job_id: int) -> None:
+        super().__init__(message)
+        self.job_id = job_id
 
 
 class JobReferencedError(OperationError):

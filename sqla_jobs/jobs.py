@@ -13,6 +13,7 @@ from sqla_jobs import links as _links
 from sqla_jobs.db import sessions as _sessions
 from sqla_jobs.enqueue import dispatch as _dispatch
 from sqla_jobs.enqueue.async_api import AsyncEnqueue
+from sqla_jobs.enqueue.depends import DependsArg, OnParentFailure
 from sqla_jobs.enqueue.meta import MetaArg
 from sqla_jobs.enqueue.wakeup import Wakeup, WakeupMode, check_mode
 from sqla_jobs.errors import ConfigurationError
@@ -108,6 +109,8 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         unique_key: str | None = ...,
         on_conflict: OnConflict = ...,
         link: _links.LinkArg = ...,
+        depends_on: DependsArg = ...,
+        on_parent_failure: OnParentFailure = ...,
     ) -> Job: ...
 
     @overload
@@ -127,6 +130,8 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         unique_key: str | None = ...,
         on_conflict: OnConflict = ...,
         link: _links.LinkArg = ...,
+        depends_on: DependsArg = ...,
+        on_parent_failure: OnParentFailure = ...,
     ) -> Job: ...
 
     def enqueue(
@@ -145,6 +150,8 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         unique_key: str | None = None,
         on_conflict: OnConflict = "skip",
         link: _links.LinkArg = None,
+        depends_on: DependsArg = None,
+        on_parent_failure: OnParentFailure = "cancel",
     ) -> Job:
         """Add a job to ``session``'s transaction and return it, flushed (its ``id`` is set).
 
@@ -176,10 +183,23 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         link table, each value a flushed row's id of its column's type (else
         :class:`~sqla_jobs.InvalidOptionError`). A row that does not exist is a foreign key
         violation, as for any insert of yours.
+
+        ``depends_on`` (jobs or job ids) makes the job wait until every one of them completed: it
+        is ``waiting`` (never claimed) while some are unfinished, and the transaction that
+        completes the last one makes it ``pending`` and wakes its queue (its own delay still
+        holds). A parent that ends dead, cancelled or deleted cancels it, and its own dependents
+        after it, with the parent's id and outcome in ``errors``, unless ``on_parent_failure=
+        "run"`` (that parent then counts as done). A parent already finished counts at once: a
+        completed one as done, a dead or cancelled one by the failure rule. A parent that is
+        neither a job nor a recorded outcome raises :class:`~sqla_jobs.DependencyError` before
+        anything is written (the transaction stays usable). Retrying a dead parent later does
+        not bring back the children it cancelled. A unique job's existing holder keeps its own
+        dependencies. Exact whichever of the child's enqueue and a parent's end commits first:
+        the enqueue's commit locks the parents (in id order) and recounts them.
         """
         plan = self._plan_one(
             payload, data, delay, run_at, priority, queue, max_attempts, concurrency_key, meta,
-            unique_key, on_conflict, link,
+            unique_key, on_conflict, link, depends_on, on_parent_failure,
         )  # fmt: skip
         return _dispatch.enqueue(_sessions.current(session), *plan)
 
@@ -196,6 +216,8 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         meta: MetaArg = None,
         on_conflict: OnConflict = "skip",
         link: _links.LinksArg = None,
+        depends_on: DependsArg = None,
+        on_parent_failure: OnParentFailure = "cancel",
     ) -> EnqueuedIds:
         """Add many jobs to ``session``'s transaction; return their ids in order.
 
@@ -219,8 +241,54 @@ class Jobs(AsyncEnqueue, Operations, Periodics, Registry):
         ``link``, as :meth:`enqueue`'s, is one mapping for every job or a sequence of one mapping
         (or None) per payload, all checked before any SQL runs; the links go in one statement per
         link table once the jobs are in.
+
+        ``depends_on`` and ``on_parent_failure``, as :meth:`enqueue`'s, apply to every job
+        inserted (not to a duplicate's holder).
         """
         plan = self._plan_many(
-            payloads, delay, run_at, priority, queue, max_attempts, meta, on_conflict, link
-        )
+            payloads, delay, run_at, priority, queue, max_attempts, meta, on_conflict, link,
+            depends_on, on_parent_failure,
+        )  # fmt: skip
         return _dispatch.enqueue_many(_sessions.current(session), *plan)
+
+    # -- workflows: the common shapes of depends_on ------------------------------------------------
+
+    def chain(
+        self,
+        session: Session | scoped_session[Any],
+        payloads: Iterable[BaseModel],
+        *,
+        depends_on: DependsArg = None,
+        on_parent_failure: OnParentFailure = "cancel",
+    ) -> list[Job]:
+        """Enqueue ``payloads`` so that each runs after the one before it completed; returns the
+        jobs in order. The first depends on ``depends_on`` (if given). Same transaction and
+        guarantees as :meth:`enqueue` (one call per job, each with the kind's own options); a
+        step that fails dead cancels the rest of the chain unless ``on_parent_failure="run"``."""
+        made: list[Job] = []
+        parents = depends_on
+        for payload in payloads:
+            job = self.enqueue(
+                session, payload, depends_on=parents, on_parent_failure=on_parent_failure
+            )
+            made.append(job)
+            parents = [job.id]
+        return made
+
+    def group(
+        self,
+        session: Session | scoped_session[Any],
+        payloads: Iterable[BaseModel],
+        *,
+        then: BaseModel,
+        on_parent_failure: OnParentFailure = "cancel",
+    ) -> tuple[EnqueuedIds, Job]:
+        """Enqueue ``payloads`` (run in any order, in parallel) and ``then``, which runs once
+        after every one of them completed; returns their ids and ``then``'s job. One
+        :meth:`enqueue_many` and one :meth:`enqueue` in ``session``'s transaction. A member that
+        ends dead or cancelled cancels ``then`` unless ``on_parent_failure="run"``."""
+        ids = self.enqueue_many(session, payloads)
+        final = self.enqueue(
+            session, then, depends_on=list(ids), on_parent_failure=on_parent_failure
+        )
+        return ids, final

@@ -26,6 +26,7 @@ from sqla_jobs._handler_types import PayloadHandler as PayloadHandler
 from sqla_jobs._handler_types import SessionHandler as SessionHandler
 from sqla_jobs.backoff import DEFAULT_BACKOFF, Backoff
 from sqla_jobs.errors import RegistryError, UnknownKindError
+from sqla_jobs.rate_limit import RateLimit
 from sqla_jobs.unique import Unique
 
 if TYPE_CHECKING:
@@ -100,6 +101,16 @@ class KindOptions:
     #: What makes two jobs of this kind the same job (:class:`~sqla_jobs.Unique`; ``True``: the
     #: whole payload): at most one of them at a time in the states that count. None: not unique.
     unique: Unique | None = None
+    #: At most so many starts per window (:class:`~sqla_jobs.RateLimit`). None: no rate limit.
+    rate_limit: RateLimit | None = None
+    #: Store what the handler returns with the job's completion (JSON, at most
+    #: ``MAX_RESULT_BYTES``, 64 KiB), for its children's ``ctx.parent_results`` and ``jobs.result``.
+    #: False: the return value is ignored and nothing is stored.
+    results: bool = False
+
+
+#: The largest result a kind with ``results=True`` may store, in bytes of JSON.
+MAX_RESULT_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,10 @@ def validate_options(options: KindOptions) -> None:
         raise RegistryError(f"concurrency_limit must be >= 1, got {options.concurrency_limit}")
     if options.concurrency_key is not None and not callable(options.concurrency_key):
         raise RegistryError("concurrency_key must be a function of the payload returning a str")
+    if options.rate_limit is not None and not isinstance(options.rate_limit, RateLimit):
+        raise RegistryError(f"rate_limit must be a RateLimit(...), got {options.rate_limit!r}")
+    if not isinstance(options.results, bool):
+        raise RegistryError(f"results must be True or False, got {options.results!r}")
 
 
 def _unique(name: str, model: type[BaseModel], unique: object) -> Unique | None:
@@ -208,8 +223,9 @@ class Registry:
         (handler failures before dead), ``max_crashes`` (expired leases before dead), ``backoff``
         (:class:`Backoff`), ``timeout`` (seconds), ``concurrency_key`` (a function of the payload
         returning a str), ``concurrency_limit`` (jobs per key running at once, default 1 with a key
-        function) and ``unique`` (:class:`~sqla_jobs.Unique`, or ``True``: the whole payload). The
-        kind string is what is stored: renaming the class is safe. A process that only enqueues
+        function), ``unique`` (:class:`~sqla_jobs.Unique`, or ``True``: the whole payload),
+        ``rate_limit`` (:class:`~sqla_jobs.RateLimit`) and ``results`` (store the handler's
+        return value with the completion). The kind string is what is stored: renaming the class is safe. A process that only enqueues
         may register without a handler.
 
         mypy checks the handler's payload type against ``model``, its shape, and each option's

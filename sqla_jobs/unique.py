@@ -19,7 +19,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from sqla_jobs.errors import InvalidOptionError
-from sqla_jobs.model import ALWAYS_UNIQUE_STATES, STATES
+from sqla_jobs.model import ALWAYS_UNIQUE_STATES, HELD_UNIQUE_STATES, STATES
 
 #: What enqueue does when a job with the same key is already there: return it (``"skip"``),
 #: update its payload, run_at, priority and meta if it is still pending (``"replace"``), or raise
@@ -46,9 +46,9 @@ class Unique:
 
     ``by``: the payload fields that make up the key (None: the whole payload; ``()``: the kind
     alone, one job of the kind at a time). ``states``: the states in which a job holds its key;
-    ``pending`` and ``running`` always count, whatever is given, so that no move a worker makes
-    on its own (claim, failure and retry, reap, give-back, snooze) can collide with another job's
-    key. Add ``"dead"``, ``"cancelled"`` or ``"completed"`` to keep a key taken by a finished job
+    ``pending``, ``running`` and ``waiting`` always count, whatever is given, so that no move a
+    worker makes on its own (claim, failure and retry, reap, give-back, snooze, a dependency's
+    release) can collide with another job's key. Add ``"dead"``, ``"cancelled"`` or ``"completed"`` to keep a key taken by a finished job
     until retention removes it. ``period``: the key is per period (whole seconds), counted in
     fixed windows since the Unix epoch from the job's ``run_at`` (a job due in another window is
     another job). ``by_queue``: jobs of one key in different queues are different jobs.
@@ -99,7 +99,7 @@ def _states(states: Sequence[str]) -> tuple[str, ...]:
             f"Unique(states=...) names unknown state(s) {', '.join(map(repr, unknown))}; "
             f"states are {', '.join(STATES)}"
         )
-    wanted = {*states, *ALWAYS_UNIQUE_STATES}
+    wanted = {*states, *HELD_UNIQUE_STATES}
     return tuple(s for s in STATES if s in wanted)
 
 

@@ -89,11 +89,15 @@ def engine(migrated_url: str) -> Iterator[Engine]:
 
 @pytest.fixture
 def clean(engine: Engine) -> Engine:
-    """The engine, with the job, history, paused-queue and schedule tables emptied first: a queue
-    paused or a schedule left by an earlier test on this database would change what this one sees."""
+    """The engine, with the job, history, paused-queue, schedule and worker tables emptied first: a
+    queue paused, a schedule or a killed worker's row left by an earlier test on this database would
+    change what this one sees."""
     with engine.begin() as conn:
         conn.execute(
-            text("TRUNCATE sqla_jobs_job, sqla_jobs_history, sqla_jobs_queue, sqla_jobs_schedule")
+            text(
+                "TRUNCATE sqla_jobs_job, sqla_jobs_history, sqla_jobs_queue, sqla_jobs_schedule,"
+                " sqla_jobs_worker, sqla_jobs_dependency, sqla_jobs_outcome, sqla_jobs_rate_limiter"
+            )
         )
     return engine
 

@@ -18,7 +18,13 @@ from typing import Any
 import psycopg
 
 from sqla_jobs.db.preflight import check_job_table
-from sqla_jobs.db.urls import ENV_VAR, libpq_conninfo, redact
+from sqla_jobs.db.urls import (
+    ENV_VAR,
+    hosts_without_primary,
+    libpq_conninfo,
+    redact,
+    with_session_attrs,
+)
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.kinds import check_name
 
@@ -75,19 +81,40 @@ def database_url(args: argparse.Namespace) -> str:
     url: str | None = getattr(args, "database_url", None) or os.environ.get(ENV_VAR)
     if not url:
         raise CLIError(f"no database: set {ENV_VAR} or pass --database-url")
+    warning = hosts_without_primary(url)
+    # The worker and the dashboard log it themselves, as an application's Worker and app do.
+    if warning is not None and getattr(args, "command", None) not in ("worker", "dashboard"):
+        print(f"sqla-jobs: warning: {warning}", file=sys.stderr)
     return url
 
 
-def check_reachable(url: str) -> None:
+def check_reachable(url: str, what: str = "the database") -> None:
     """Connect once, so an unreachable database is a one-line error rather than a traceback."""
     try:
         with psycopg.connect(libpq_conninfo(url), connect_timeout=5) as conn:
             conn.execute("SELECT 1")
     except psycopg.OperationalError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CLIError(
-            f"cannot reach the database at {redact(url)}: {first}", EXIT_UNREACHABLE
-        ) from None
+        raise CLIError(f"cannot reach {what} at {redact(url)}: {first}", EXIT_UNREACHABLE) from None
+
+
+def check_answers(url: str) -> str:
+    """:func:`check_reachable` for a worker, which waits for a primary: a server of ``url`` that
+    answers but takes no writes (a standby, a primary turned read-only) passes too. The URL to
+    read the catalog from: ``url``, or any server of it that answers (a standby has the tables)."""
+    try:
+        check_reachable(url)
+        return url
+    except CLIError as exc:
+        if exc.code != EXIT_UNREACHABLE:
+            raise
+        try:
+            conninfo = libpq_conninfo(url)
+            with psycopg.connect(conninfo, connect_timeout=5, target_session_attrs="any"):
+                pass
+        except psycopg.OperationalError:
+            raise exc from None
+        return with_session_attrs(url, "any")
 
 
 def schema_hint(schema: str) -> str:

@@ -29,6 +29,8 @@ from sqla_jobs.cli.common import (
     env,
     prepared_url,
 )
+from sqla_jobs.cli.reads import add_read_option, read_url, reading_url
+from sqla_jobs.db.urls import redact
 from sqla_jobs.errors import ConfigurationError
 from sqla_jobs.jobs import Jobs
 
@@ -138,6 +140,9 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     except ImportError as exc:
         raise CLIError(f"the dashboard needs its extra ({exc}): {EXTRA}") from None
     url = prepared_url(args)
+    replica = read_url(args)
+    if replica is not None:
+        replica = reading_url(args)
     extra = [*(env("DASHBOARD_ALLOWED_HOSTS") or "").split(","), *args.allow_host]
     sock = listen(args.host, args.port)
     bound = sock.getsockname()[1]
@@ -150,6 +155,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             show_payload=args.show_payload,
             credentials=auth,
             allowed_hosts=hosts,
+            read_url=replica,
         )
     except ConfigurationError as exc:
         sock.close()
@@ -167,6 +173,13 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         ",".join(hosts),
         extra={"event": "dashboard_hosts"},
     )
+    if replica is not None:
+        log.info(
+            "pages read from %s; actions write to %s",
+            redact(replica),
+            redact(url),
+            extra={"event": "dashboard_read_url"},
+        )
     if auth is not None and not is_local(args.host):
         log.warning(
             "HTTP Basic sends the password with every request in clear text: serve the "
@@ -217,6 +230,7 @@ def register(sub: Any, epilog: str) -> None:
         epilog=epilog,
     )
     add_database_options(p)
+    add_read_option(p)
     p.add_argument(
         "--host",
         default=env("DASHBOARD_HOST", "127.0.0.1"),

@@ -1,5 +1,5 @@
-"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``jobs``, ``queues``, ``workers``, ``migrate``,
-``prune`` and ``dashboard``. (The guided demo is not a command of the package: it lives in the
+"""The ``sqla-jobs`` command: ``worker``, ``stats``, ``jobs``, ``queues``, ``workers``,
+``rate-limits``, ``migrate``, ``prune`` and ``dashboard``. (The guided demo is not a command of the package: it lives in the
 repository, ``nox -s demo``.)
 
 Exit codes: 0 success (a worker stopped gracefully); 1 an unexpected error; 2 bad usage or
@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqla_jobs.cli import dashboard as _cli_dashboard
 from sqla_jobs.cli import migrate as _cli_migrate
 from sqla_jobs.cli import ops as _cli_ops
+from sqla_jobs.cli import rate_limits as _cli_rate_limits
 from sqla_jobs.cli import schedules as _cli_schedules
 from sqla_jobs.cli import workers as _cli_workers
 from sqla_jobs.cli.common import (
@@ -35,9 +36,11 @@ from sqla_jobs.cli.common import (
     EXIT_NOT_APPLICABLE,
     EXIT_NOT_MIGRATED,
     EXIT_OK,
+    EXIT_UNREACHABLE,
     EXIT_USAGE,
     CLIError,
     add_database_options,
+    check_answers,
     check_reachable,
     database_url,
     env,
@@ -49,7 +52,10 @@ from sqla_jobs.cli.common import (
     prepared_url,
 )
 from sqla_jobs.cli.prune import add_prune_command, add_retention_flags, retention_options
+from sqla_jobs.cli.reads import add_read_option, read_url, reading_url
 from sqla_jobs.db.preflight import check_job_table
+from sqla_jobs.db.replica import ReplicaConflictError
+from sqla_jobs.db.urls import ENV_VAR
 from sqla_jobs.errors import (
     ConfigurationError,
     JobNotFoundError,
@@ -101,10 +107,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         metrics=_cli_workers.metrics_option(args),
         **retention_options(args),
     )
-    check_reachable(url)
-    # Before run_sync: a missing table must stop the worker before it starts any thread.
+    # A server that answers but takes no writes (a standby) passes: the worker waits for a
+    # primary. Before run_sync: a missing table must stop the worker before it starts any thread.
+    catalog = check_answers(url)
     check_job_table(
-        url, jobs.schema, lambda schema: f"set Jobs(schema={schema!r}) in {args.target}"
+        catalog, jobs.schema, lambda schema: f"set Jobs(schema={schema!r}) in {args.target}"
     )
     return worker.run_sync()
 
@@ -114,9 +121,32 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
     from sqla_jobs.observe.stats import collect, render, render_json
 
-    url = prepared_url(args)
     old = None if args.old_transaction is None else timedelta(seconds=args.old_transaction)
-    stats = collect(url, schema=args.schema, old_transaction=old)
+    replica = read_url(args)
+    if replica is None:
+        stats = collect(prepared_url(args), schema=args.schema, old_transaction=old)
+    else:
+        # The counts from the replica; the table's health and the oldest transaction from the
+        # primary when its URL is known, since they describe the server they are read on.
+        primary = getattr(args, "database_url", None) or os.environ.get(ENV_VAR)
+        if primary is not None:
+            try:
+                check_reachable(primary)
+            except CLIError as exc:
+                if exc.code != EXIT_UNREACHABLE:
+                    raise
+                # A replica is what an operator reaches for when the primary is down.
+                print(f"sqla-jobs: warning: {exc}; reading the replica alone", file=sys.stderr)
+                primary = None
+        try:
+            stats = collect(
+                primary,
+                schema=args.schema,
+                old_transaction=old,
+                read_url=reading_url(args),
+            )
+        except ReplicaConflictError as exc:
+            raise CLIError(str(exc), EXIT_ERROR) from None
     print(render_json(stats) if args.json else render(stats))
     return EXIT_OK
 
@@ -275,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_database_options(s)
     s.add_argument("--json", action="store_true", help="one JSON object, with a per-kind breakdown")
+    add_read_option(s)
     s.add_argument(
         "--old-transaction",
         type=float,
@@ -287,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cli_ops.register(sub, epilog)
     _cli_schedules.register(sub, epilog)
     _cli_workers.register(sub, epilog)
+    _cli_rate_limits.register(sub, epilog)
     _cli_dashboard.register(sub, epilog)
 
     _cli_migrate.register(sub, epilog)

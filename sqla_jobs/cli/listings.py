@@ -18,12 +18,14 @@ from sqlalchemy.exc import DataError
 from sqlalchemy.orm import Session
 
 from sqla_jobs.cli.common import EXIT_NOT_APPLICABLE, CLIError, checked_name
+from sqla_jobs.cli.graph import relatives_json, relatives_lines
 from sqla_jobs.cli.links import Linked, bad_value
 from sqla_jobs.cli.links import statement as linked_statement
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.model import STATES, Job, JobState
 from sqla_jobs.observe.stale import StaleHolder, stale_holders
 from sqla_jobs.observe.stats import _age
+from sqla_jobs.operations.relatives import Relatives
 from sqla_jobs.sql import listings as listings_sql
 
 MAX_LIMIT = 10_000
@@ -191,17 +193,26 @@ _SHOWN = [
     *("id", "queue", "kind", "state", "priority", "attempts", "max_attempts", "crashes"),
     *("max_crashes", "interruptions", "run_at", "created_at", "finished_at"),
     *("cancel_requested_at", "locked_by", "lease_expires_at", "concurrency_key"),
-    *("concurrency_limit", "last_error", "meta", "steps", "errors"),
+    *("concurrency_limit", "waiting_on", "last_error", "meta", "steps", "errors"),
 ]
 
 
 def render_job(
-    job: Job, *, as_json: bool, payload: bool, traces: bool, stale: StaleHolder | None = None
+    job: Job,
+    *,
+    as_json: bool,
+    payload: bool,
+    traces: bool,
+    stale: StaleHolder | None = None,
+    relatives: Relatives | None = None,
 ) -> str:
     """One job for ``jobs show``: every field but the payload (unless ``payload``); the errors'
-    tracebacks always in JSON, in text only with ``traces``; ``stale``: its worker is stale."""
+    tracebacks always in JSON, in text only with ``traces``; ``stale``: its worker is stale;
+    ``relatives``: its parents and children."""
     data = {name: getattr(job, name) for name in _SHOWN}
     data["stale_worker"] = _stale_json(stale)
+    if relatives is not None:
+        data |= relatives_json(relatives)
     if payload:
         data["payload"] = job.payload
     if as_json:
@@ -225,6 +236,8 @@ def render_job(
         lines.append(f"  worker         ! {stale.note()}")
     if job.concurrency_key is not None:
         lines.append(f"  concurrency    {job.concurrency_key} (limit {job.concurrency_limit})")
+    if relatives is not None:
+        lines.extend(relatives_lines(relatives, job.waiting_on))
     lines.append(f"  last_error     {job.last_error or '-'}")
     lines.append(f"  meta           {json.dumps(job.meta) if job.meta else '-'}")
     lines.append(f"  steps          {', '.join(job.steps) if job.steps else '-'}")

@@ -28,12 +28,14 @@ from sqla_jobs.cli.common import (
     checked_name,
     prepared_url,
 )
+from sqla_jobs.cli.reads import add_read_option, read
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.errors import QueueInUseError, UnknownQueueError
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.observe.stats import queue_overview
 from sqla_jobs.operations import jobs as _ops
 from sqla_jobs.operations.jobs import FILTER_LIMIT, RUNNING_CANCEL_NOTE, Bound, said
+from sqla_jobs.operations.relatives import relatives
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -246,30 +248,39 @@ def _since(when: datetime | None) -> str:
 
 def cmd_list(args: argparse.Namespace) -> int:
     query = listings.JobQuery.from_args(args)
-    with open_session(args) as (jobs, session), session.begin():
+
+    def rows_and_stale(jobs: Jobs, session: Session) -> tuple[Any, ...]:
         rows = listings.list_jobs(session, jobs, query)
-        stale = listings.stale_of(session, jobs, rows)
+        return rows, listings.stale_of(session, jobs, rows)
+
+    rows, stale = read(args, rows_and_stale)
     _print(listings.render_jobs(rows, as_json=args.json, stale=stale))
     return EXIT_OK
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     (job_id,) = job_ids([args.id])
-    with open_session(args) as (jobs, session), session.begin():
+
+    def shown(jobs: Jobs, session: Session) -> str:
         job = jobs.get(session, job_id)
         if job is None:
             raise listings.not_found(job_id)
         stale = listings.stale_of(session, jobs, [job]).get(job.id)
-        text = listings.render_job(
-            job, as_json=args.json, payload=args.payload, traces=args.traceback, stale=stale
+        return listings.render_job(
+            job,
+            as_json=args.json,
+            payload=args.payload,
+            traces=args.traceback,
+            stale=stale,
+            relatives=relatives(session, jobs.schema, job.id),
         )
-    print(text)
+
+    print(read(args, shown))
     return EXIT_OK
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
-    with open_session(args) as (jobs, session), session.begin():
-        queues = queue_overview(session, jobs)
+    queues = read(args, lambda jobs, session: queue_overview(session, jobs))
     _print(listings.render_queues(queues, as_json=args.json))
     return EXIT_OK
 
@@ -293,6 +304,7 @@ def register(sub: Any, epilog: str) -> None:
     js = j.add_subparsers(dest="jobs_command", required=True, metavar="COMMAND")
 
     ls = leaf(js, "list", cmd_list, "jobs newest first, filtered (never their payloads)")
+    add_read_option(ls)
     ls.add_argument(
         "--state",
         action="append",
@@ -322,6 +334,7 @@ def register(sub: Any, epilog: str) -> None:
     ls.add_argument("--json", action="store_true", help="one JSON object per job, one per line")
 
     sh = leaf(js, "show", cmd_show, "one job: state, counters, times, errors, steps, meta")
+    add_read_option(sh)
     sh.add_argument("id", metavar="ID")
     sh.add_argument("--json", action="store_true", help="one JSON object (tracebacks included)")
     sh.add_argument("--payload", action="store_true", help="show the payload too")
@@ -354,6 +367,7 @@ def register(sub: Any, epilog: str) -> None:
 
     q = leaf(sub, "queues", cmd_queues, "jobs per queue and state, latency, paused or not")
     q.add_argument("--json", action="store_true", help="one JSON object per queue, one per line")
+    add_read_option(q)
     qs = q.add_subparsers(dest="queues_command", metavar="COMMAND")
     for name, func, help in (
         ("pause", cmd_pause, "stop every worker from claiming the queue's jobs"),

@@ -151,15 +151,23 @@ class Actions:
             flash = Flash("error", f"{verb}: {exc}: nothing changed")
         else:
             flash = await run_in_threadpool(self._run, request, verb, run)
+        return self.back(request, form, flash)
+
+    def back(self, request: Request, form: FormData, flash: Flash) -> Response:
+        """The redirect back to the page the form came from, with ``flash`` and, after a change,
+        the mark that sends the next pages' reads where they see it (:mod:`._replica`)."""
         response = RedirectResponse(link(request, _next(form)), status_code=303)
         self.dash.flashes.put(request, response, flash)
+        self.dash.reads.remember(request, response, getattr(request.state, "written", None))
         return response
 
     def _run(self, request: Request, verb: str, run: Callable[[Session], str]) -> Flash:
         who = f"user {request.scope.get(USER_KEY) or '-'}, client {client_address(request.scope)}"
         try:
-            with self.dash.session() as session, session.begin():
-                done = run(session)
+            with self.dash.session() as session:
+                with session.begin():
+                    done = run(session)
+                request.state.written = self.dash.reads.written(session)
         except OperationError as exc:
             log.info("%s refused: %s (%s)", verb, exc, who, extra={"event": "dashboard_refused"})
             return Flash("error", str(exc))

@@ -25,8 +25,11 @@ from sqla_jobs.dashboard._hosts import AllowedHosts, host_entries
 from sqla_jobs.dashboard._pages import Pages
 from sqla_jobs.dashboard._reads import BadRequest
 from sqla_jobs.dashboard._render import Dashboard, environment
+from sqla_jobs.dashboard._replica import Reads, ReplicaUnavailable
 from sqla_jobs.dashboard._security import BasicAuth, SecurityHeaders
-from sqla_jobs.db.urls import sqlalchemy_url
+from sqla_jobs.db.failover import failover_safe, is_lost
+from sqla_jobs.db.replica import ReplicaConflictError
+from sqla_jobs.db.urls import hosts_without_primary, redact, sqlalchemy_url
 from sqla_jobs.errors import ConfigurationError
 from sqla_jobs.jobs import Jobs
 
@@ -44,6 +47,7 @@ def create_app(
     title: str = "sqla-jobs",
     secret: str | bytes | None = None,
     allowed_hosts: Iterable[str] | None = None,
+    read_url: str | Engine | None = None,
 ) -> Starlette:
     """The dashboard as an ASGI app: serve it (``sqla-jobs dashboard``, any ASGI server) or mount
     it in a Starlette or FastAPI application, behind that application's own authentication.
@@ -62,6 +66,11 @@ def create_app(
     must come from one of them (``Origin``, scheme and port included). Served on its own, give
     it: without it a web page whose DNS name is rebound to this machine passes for the dashboard.
     None (the default) checks no Host, for an application that mounts it and checks hosts itself.
+    ``read_url``: a URL (or an ``Engine``) of a read replica, a hot standby streaming from the
+    primary: the pages read there, and every action still writes through ``url_or_engine``. The
+    page after an action reads from the primary until the replica has replayed that action; a
+    read the replica cancels to replay WAL is run once more, then reported. A URL of the primary
+    itself works too. The pages say where they were read (docs/high-availability.md).
 
     Every state-changing request is a POST with a CSRF token; every response forbids framing,
     scripts and caching. Nothing is logged but the actions taken and refused (never a payload,
@@ -77,8 +86,23 @@ def create_app(
     if isinstance(url_or_engine, Engine):
         engine, owns_engine = url_or_engine, False
     else:
-        engine = create_engine(sqlalchemy_url(url_or_engine), pool_pre_ping=True, pool_size=4)
+        if (warning := hosts_without_primary(url_or_engine)) is not None:
+            # The actions write: after a failover they must reach the new primary.
+            log.warning("%s", warning, extra={"event": "url_hosts"})
+        engine = failover_safe(
+            create_engine(sqlalchemy_url(url_or_engine), pool_pre_ping=True, pool_size=4)
+        )
         owns_engine = True
+    if isinstance(read_url, Engine):
+        replica: Engine | None = read_url
+        owns_replica = False
+        where = redact(read_url.url.render_as_string(hide_password=True))
+    elif read_url is not None:
+        replica = create_engine(sqlalchemy_url(read_url), pool_pre_ping=True, pool_size=4)
+        owns_replica = True
+        where = redact(read_url)
+    else:
+        replica, owns_replica, where = None, False, ""
     if secret is None:
         key = secrets.token_bytes(32)
     else:
@@ -96,6 +120,8 @@ def create_app(
         flashes=Flashes(key),
         templates=environment(),
         owns_engine=owns_engine,
+        reads=Reads(engine, replica, key, where),
+        owns_replica=owns_replica,
     )
     pages, actions = Pages(dash), Actions(dash)
     bulk = Bulk(actions)
@@ -127,6 +153,8 @@ def create_app(
         yield
         if dash.owns_engine:
             dash.engine.dispose()
+        if dash.owns_replica and dash.reads.replica is not None:
+            dash.reads.replica.dispose()
 
     def bad_request(request: Request, exc: Exception) -> Response:
         return dash.page(
@@ -142,10 +170,27 @@ def create_app(
             status=exc.status_code,
         )
 
+    def replica_error(request: Request, exc: Exception) -> Response:
+        heading = "Replica unavailable"
+        if isinstance(exc, ReplicaConflictError):
+            heading = "Read cancelled by the replica"
+        log.warning("%s on %s: %s", heading.lower(), request.url.path, exc)
+        return dash.page(
+            request, "message.html", {"heading": heading, "text": f"{exc}."}, status=503
+        )
+
     def database_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, DBAPIError)
         first = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else "?"
-        if isinstance(exc.orig, pg_errors.InsufficientPrivilege):
+        if is_lost(exc):
+            # No primary to talk to (down, failing over, demoted): said on the page, no traceback.
+            log.warning("database unavailable on %s: %s", request.url.path, first)
+            heading, status = "Database unavailable", 503
+            text = (
+                f"The dashboard cannot reach the database: {first}. Try again in a moment "
+                "(a failover or restart may be under way)."
+            )
+        elif isinstance(exc.orig, pg_errors.InsufficientPrivilege):
             heading, status = "Permission denied", 403
             text = (
                 f"The dashboard's database role may not read this ({first}): grant it the reader "
@@ -168,5 +213,7 @@ def create_app(
             BadRequest: bad_request,
             HTTPException: http_error,
             DBAPIError: database_error,
+            ReplicaUnavailable: replica_error,
+            ReplicaConflictError: replica_error,
         },
     )

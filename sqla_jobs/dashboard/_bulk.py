@@ -21,12 +21,11 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import Response
 
 from sqla_jobs.dashboard import _reads
 from sqla_jobs.dashboard._actions import JOB_VERBS, Actions, _cancelled, _next
 from sqla_jobs.dashboard._flash import Flash
-from sqla_jobs.dashboard._render import link
 from sqla_jobs.operations import jobs as _ops
 from sqla_jobs.operations.jobs import Bound, said
 from sqla_jobs.operations.preview import Preview, preview
@@ -128,9 +127,7 @@ class Bulk:
         return self.dash.page(request, "confirm.html", context, status=status)
 
     def _back(self, request: Request, form: FormData, flash: Flash) -> Response:
-        response = RedirectResponse(link(request, _next(form)), status_code=303)
-        self.dash.flashes.put(request, response, flash)
-        return response
+        return self.actions.back(request, form, flash)
 
 
 def _filter(verb: str, form: FormData) -> tuple[str | None, str | None]:

@@ -11,7 +11,9 @@ from collections.abc import Iterable
 from importlib import resources
 from typing import Any
 
+from sqlalchemy import Row
 from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -20,7 +22,9 @@ from sqla_jobs.dashboard import _chart, _reads, _series
 from sqla_jobs.dashboard._render import Dashboard, link, seconds
 from sqla_jobs.model import STATES, Job, JobState
 from sqla_jobs.observe import throughput
+from sqla_jobs.observe.stale import StaleHolder
 from sqla_jobs.operations.jobs import CANCELLABLE, DELETABLE, RETRYABLE
+from sqla_jobs.operations.relatives import Relatives, relatives
 
 #: The files under static/ the app serves, read once, with their media types.
 _STATIC = {
@@ -63,21 +67,33 @@ class Pages:
         self.dash = dash
 
     def queues(self, request: Request) -> Response:
-        with self.dash.session() as session, session.begin():
-            queues = _reads.queues(session, self.dash.jobs)
-            kinds = _reads.kinds(session, self.dash.jobs)
+        jobs = self.dash.jobs
+        queues, kinds, limiters = self.dash.reads.read(
+            request,
+            lambda s: (_reads.queues(s, jobs), _reads.kinds(s, jobs), _reads.limiters(s, jobs)),
+        )
         return self.dash.page(
             request,
             "queues.html",
-            {"queues": queues, "kinds": kinds, "states": STATES},
+            {
+                "queues": queues,
+                "kinds": kinds,
+                "states": STATES,
+                "limiters": limiters[: _reads.LIMITERS_SHOWN],
+                "more_limiters": max(0, len(limiters) - _reads.LIMITERS_SHOWN),
+            },
             nav="queues",
         )
 
     def jobs(self, request: Request) -> Response:
         where = _reads.JobFilter.parse(request.query_params)
-        with self.dash.session() as session, session.begin():
-            rows, older = _reads.job_page(session, self.dash.jobs, where)
-            stale = _reads.stale(session, self.dash.jobs, rows)
+        jobs = self.dash.jobs
+
+        def read(session: Session) -> tuple[list[Row[Any]], int | None, dict[int, StaleHolder]]:
+            rows, older = _reads.job_page(session, jobs, where)
+            return rows, older, _reads.stale(session, jobs, rows)
+
+        rows, older, stale = self.dash.reads.read(request, read)
         nav = "jobs"
         if where.state in ("dead", "running") and not (where.queue or where.kind):
             nav = where.state
@@ -98,8 +114,14 @@ class Pages:
 
     def job(self, request: Request) -> Response:
         job_id = _reads.job_id(request.path_params["job_id"])
-        with self.dash.session() as session, session.begin():
-            job = self.dash.jobs.get(session, job_id)
+
+        def read(session: Session) -> tuple[Job | None, Relatives | None]:
+            found = self.dash.jobs.get(session, job_id)
+            if found is None:
+                return None, None
+            return found, relatives(session, self.dash.jobs.schema, job_id)
+
+        job, family = self.dash.reads.read(request, read)
         if job is None:
             return self._not_found(request, job_id)
         return self.dash.page(
@@ -107,6 +129,7 @@ class Pages:
             "job.html",
             {
                 "job": job,
+                "family": family,
                 "actions": actions_for(job.state),
                 "show_payload": self.dash.show_payload,
                 "errors": list(reversed(job.errors or [])),
@@ -117,8 +140,7 @@ class Pages:
 
     def search(self, request: Request) -> Response:
         job_id = _reads.job_id(request.query_params.get("id", ""))
-        with self.dash.session() as session, session.begin():
-            found: Job | None = self.dash.jobs.get(session, job_id)
+        found: Job | None = self.dash.reads.read(request, lambda s: self.dash.jobs.get(s, job_id))
         if found is None:
             return self._not_found(request, job_id)
         return RedirectResponse(link(request, f"/jobs/{job_id}"), status_code=303)
@@ -136,16 +158,19 @@ class Pages:
         )
 
     def workers(self, request: Request) -> Response:
-        with self.dash.session() as session, session.begin():
-            workers = _reads.workers(session, self.dash.jobs)
+        workers = self.dash.reads.read(request, lambda s: _reads.workers(s, self.dash.jobs))
         return self.dash.page(request, "workers.html", {"workers": workers}, nav="workers")
 
     def throughput(self, request: Request) -> Response:
         queue = _reads.name("queue", request.query_params.get("queue"))
         try:
-            with self.dash.session() as session, session.begin():
-                minutes = throughput.recent(session, self.dash.jobs, minutes=_series.SPAN)
-                now = _reads.database_now(session)
+            minutes, now = self.dash.reads.read(
+                request,
+                lambda s: (
+                    throughput.recent(s, self.dash.jobs, minutes=_series.SPAN),
+                    _reads.database_now(s),
+                ),
+            )
         except ProgrammingError as exc:
             if getattr(exc.orig, "sqlstate", None) != _UNDEFINED_TABLE:
                 raise

@@ -14,6 +14,8 @@ from sqlalchemy.orm import Session
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.kinds import check_name
 from sqla_jobs.model import STATES
+from sqla_jobs.observe.limiters import Limiter
+from sqla_jobs.observe.limiters import limiters as read_limiters
 from sqla_jobs.observe.stale import StaleHolder, stale_holders
 from sqla_jobs.observe.stats import by_state, queue_overview
 from sqla_jobs.sql import catalog as catalog_sql
@@ -23,6 +25,8 @@ from sqla_jobs.sql import workers as workers_sql
 
 #: Jobs on one page of a listing.
 PAGE_SIZE = 50
+#: Rate limiters listed on the queues page (a ``by=`` key per customer makes many).
+LIMITERS_SHOWN = 50
 MAX_ID = 2**63 - 1
 
 
@@ -127,3 +131,8 @@ def workers(session: Session, jobs: Jobs) -> list[Row[Any]]:
 def database_now(session: Session) -> Any:
     """The database's clock: the pages never take time from the machine they run on."""
     return session.execute(catalog_sql.database_clock()).scalar_one()
+
+
+def limiters(session: Session, jobs: Jobs) -> list[Limiter]:
+    """The rate limiters, by key: limit, starts in the window now, next allowed start."""
+    return read_limiters(session, jobs.schema)

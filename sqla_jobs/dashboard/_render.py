@@ -20,6 +20,7 @@ from starlette.responses import HTMLResponse
 
 from sqla_jobs.dashboard._csrf import FIELD, Csrf
 from sqla_jobs.dashboard._flash import Flashes
+from sqla_jobs.dashboard._replica import Reads
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.observe.stats import _age
 
@@ -79,10 +80,15 @@ class Dashboard:
     templates: Environment
     #: Whether the app made the engine (and disposes of it at shutdown).
     owns_engine: bool
+    #: Where the pages read: the read URL's engine, or ``engine`` (actions always use ``engine``).
+    reads: Reads
+    #: Whether the app made the read URL's engine (and disposes of it at shutdown).
+    owns_replica: bool = False
 
     def session(self) -> Session:
-        """A Session on the dashboard's engine (the caller opens its transaction); what it
-        loaded stays readable after the commit, for the template."""
+        """A Session on the dashboard's engine, the primary (the caller opens its transaction);
+        what it loaded stays readable after the commit, for the template. Pages read through
+        :attr:`reads` instead."""
         return Session(self.engine, expire_on_commit=False)
 
     def page(
@@ -111,11 +117,13 @@ class Dashboard:
                 "csrf_field": FIELD,
                 "csrf_token": token,
                 "here": here(request),
+                "source": getattr(request.state, "source", None),
                 "link": lambda path, **query: link(request, path, **query),
             }
         )
         response = HTMLResponse(html, status_code=status)
         self.flashes.clear(request, response)
+        self.reads.settle(request, response)
         if token is not None and new:
             self.csrf.set_cookie(request, response, nonce)
         return response

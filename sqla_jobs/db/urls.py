@@ -57,6 +57,34 @@ def parse_url(url: str) -> URL:
     return parsed.set(drivername="postgresql+psycopg", query=query)
 
 
+#: The ``target_session_attrs`` that make libpq pick, among several hosts, the one that takes writes.
+_PRIMARY_ATTRS = ("read-write", "primary")
+
+
+def hosts_without_primary(url: str) -> str | None:
+    """A warning when ``url`` names several hosts without ``target_session_attrs=read-write``
+    (or ``primary``); None otherwise.
+
+    libpq then connects to the first host that answers, which after a failover may be the old
+    primary, now a standby that refuses every write: the worker would wait there (saying so)
+    instead of following the new primary. A warning, not a refusal: several hosts in front of
+    one primary (poolers, say) are a sound setup."""
+    query = parse_url(url).query
+    hosts = query.get("host")
+    if hosts is None:
+        return None
+    listed = list(hosts) if isinstance(hosts, tuple) else [hosts]
+    count = sum(len([h for h in each.split(",") if h]) for each in listed)
+    attrs = query.get("target_session_attrs")
+    if count < 2 or attrs in _PRIMARY_ATTRS:
+        return None
+    return (
+        f"the database URL names {count} hosts without target_session_attrs=read-write: "
+        "sqla-jobs connects to the first that answers, which after a failover may be a standby "
+        "that refuses every write; add &target_session_attrs=read-write to the URL (or primary)"
+    )
+
+
 def sqlalchemy_url(url: str) -> str:
     """``url`` as a string for ``create_engine`` (driver ``postgresql+psycopg``), password kept."""
     return parse_url(url).render_as_string(hide_password=False)
@@ -78,6 +106,13 @@ def libpq_conninfo(url: str) -> str:
 def with_database(url: str, database: str) -> str:
     """``url`` pointing at another database on the same server."""
     return parse_url(url).set(database=database).render_as_string(hide_password=False)
+
+
+def with_session_attrs(url: str, attrs: str) -> str:
+    """``url`` with ``target_session_attrs=attrs`` (``any``: whichever of its hosts answers)."""
+    parsed = parse_url(url)
+    query = {**parsed.query, "target_session_attrs": attrs}
+    return parsed.set(query=query).render_as_string(hide_password=False)
 
 
 def redact(url: str) -> str:

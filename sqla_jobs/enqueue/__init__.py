@@ -2,7 +2,7 @@
 (:mod:`~sqla_jobs.enqueue.validate`; a batch's, :mod:`~sqla_jobs.enqueue.validate_many`), the row
 (:mod:`~sqla_jobs.enqueue.row`), INSERT and COPY (:mod:`~sqla_jobs.enqueue.insert`,
 :mod:`~sqla_jobs.enqueue.copy_rows`), unique jobs by ``ON CONFLICT``
-(:mod:`~sqla_jobs.enqueue.unique`), and the wakeup at commit (:mod:`~sqla_jobs.enqueue.wakeup`,
+(:mod:`~sqla_jobs.enqueue.unique`), ``depends_on`` (:mod:`~sqla_jobs.enqueue.depends`), and the wakeup at commit (:mod:`~sqla_jobs.enqueue.wakeup`,
 sent by the per-process :mod:`~sqla_jobs.enqueue.notifier`: its thread,
 :mod:`~sqla_jobs.enqueue.notifier_thread`, and the thread's I/O,
 :mod:`~sqla_jobs.enqueue.notifier_conn`).

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from sqla_jobs import links as _links
 from sqla_jobs.db import sessions as _sessions
 from sqla_jobs.enqueue import dispatch as _dispatch
+from sqla_jobs.enqueue.depends import DependsArg, OnParentFailure
 from sqla_jobs.enqueue.dispatch import EnqueuePlans
 from sqla_jobs.enqueue.meta import MetaArg
 from sqla_jobs.model import Job
@@ -43,11 +44,13 @@ class AsyncEnqueue(EnqueuePlans):
         unique_key: str | None = None,
         on_conflict: OnConflict = "skip",
         link: _links.LinkArg = None,
+        depends_on: DependsArg = None,
+        on_parent_failure: OnParentFailure = "cancel",
     ) -> Job:
         """:meth:`enqueue` for an ``AsyncSession``, with the same guarantees."""
         plan = self._plan_one(
             payload, data, delay, run_at, priority, queue, max_attempts, concurrency_key, meta,
-            unique_key, on_conflict, link,
+            unique_key, on_conflict, link, depends_on, on_parent_failure,
         )  # fmt: skip
         return await _sessions.current_async(session).run_sync(_dispatch.enqueue, *plan)
 
@@ -64,9 +67,12 @@ class AsyncEnqueue(EnqueuePlans):
         meta: MetaArg = None,
         on_conflict: OnConflict = "skip",
         link: _links.LinksArg = None,
+        depends_on: DependsArg = None,
+        on_parent_failure: OnParentFailure = "cancel",
     ) -> EnqueuedIds:
         """:meth:`enqueue_many` for an ``AsyncSession``, with the same guarantees."""
         plan = self._plan_many(
-            payloads, delay, run_at, priority, queue, max_attempts, meta, on_conflict, link
-        )
+            payloads, delay, run_at, priority, queue, max_attempts, meta, on_conflict, link,
+            depends_on, on_parent_failure,
+        )  # fmt: skip
         return await _sessions.current_async(session).run_sync(_dispatch.enqueue_many, *plan)

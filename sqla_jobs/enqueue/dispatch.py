@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from sqla_jobs import links as _links
 from sqla_jobs.db.preflight import missing_queue_table
+from sqla_jobs.enqueue import depends as _depends
 from sqla_jobs.enqueue import insert as _insert
 from sqla_jobs.enqueue import unique as _unique
 from sqla_jobs.enqueue import validate as _validate
@@ -41,7 +42,14 @@ DB_ERRORS: tuple[type[BaseException], ...] = (DBAPIError, psycopg.Error)
 
 #: What :func:`enqueue` takes after the session, as :meth:`EnqueuePlans._plan_one` returns it.
 OnePlan = tuple[
-    Prepared, datetime | None, timedelta, _links.Checked, OnConflict, str | None, Wakeup
+    Prepared,
+    datetime | None,
+    timedelta,
+    _links.Checked,
+    OnConflict,
+    str | None,
+    Wakeup,
+    _depends.Depends | None,
 ]
 #: What :func:`enqueue_many` takes after the session, as :meth:`EnqueuePlans._plan_many` returns it.
 ManyPlan = tuple[
@@ -54,6 +62,7 @@ ManyPlan = tuple[
     OnConflict,
     str | None,
     Wakeup,
+    _depends.Depends | None,
 ]
 
 
@@ -66,10 +75,14 @@ def enqueue(
     on_conflict: OnConflict,
     schema: str | None,
     wakeup: Wakeup,
+    deps: _depends.Depends | None = None,
 ) -> Job:
-    """Insert one planned job (unique or plain) and its links through ``session``; a database
-    never migrated raises :class:`~sqla_jobs.errors.NotMigratedError`."""
+    """Insert one planned job (unique or plain) and its links through ``session``, and its
+    dependencies (not for a unique job's existing holder, whose dependencies never change); a
+    database never migrated raises :class:`~sqla_jobs.errors.NotMigratedError`."""
     try:
+        if deps is not None:
+            start = _depends.resolve(session, deps, schema)
         if job.unique is not None:
             found = _unique.enqueue(
                 session, job, run_at, delay, schema=schema, wakeup=wakeup, on_conflict=on_conflict
@@ -78,6 +91,9 @@ def enqueue(
             found = _insert.enqueue(session, job, run_at, delay, schema=schema, wakeup=wakeup)
         if links:
             _links.insert(session, [links], [found.id], schema, fresh=found.inserted is not False)
+        if deps is not None and found.inserted is not False:
+            _depends.attach(session, [found.id], deps, schema)
+            _depends.mark(session, found, start)
     except DB_ERRORS as exc:
         missing = missing_queue_table(exc, schema)
         if missing is None:
@@ -97,11 +113,14 @@ def enqueue_many(
     on_conflict: OnConflict,
     schema: str | None,
     wakeup: Wakeup,
+    deps: _depends.Depends | None = None,
 ) -> EnqueuedIds:
     """Insert ``count`` planned jobs, validated a chunk at a time by ``chunks``, and their
     links through ``session``; the unique path when ``any_unique``, else INSERT or COPY. A
     database never migrated raises :class:`~sqla_jobs.errors.NotMigratedError`."""
     try:
+        if deps is not None:
+            _depends.resolve(session, deps, schema)  # an unknown parent raises, nothing written
         if any_unique:
             ids = _unique.enqueue_many(
                 session,
@@ -120,6 +139,9 @@ def enqueue_many(
             )
         if links:
             _links.insert(session, links, ids, schema, fresh=not ids.duplicates)
+        if deps is not None:
+            fresh = [i for i, new in zip(ids, ids.inserted, strict=True) if new]
+            _depends.attach(session, fresh, deps, schema)
     except DB_ERRORS as exc:
         missing = missing_queue_table(exc, schema)
         if missing is None:
@@ -151,9 +173,12 @@ class EnqueuePlans(Registry):
         unique_key: str | None,
         on_conflict: OnConflict,
         link: _links.LinkArg,
+        depends_on: _depends.DependsArg = None,
+        on_parent_failure: _depends.OnParentFailure = "cancel",
     ) -> OnePlan:
         check_on_conflict(on_conflict)
         links = _links.check(link)
+        deps = _depends.check(depends_on, on_parent_failure)
         prepared = _validate.prepare(
             self,
             payload,
@@ -170,7 +195,7 @@ class EnqueuePlans(Registry):
         if self.hooks.enqueue_hooks:
             prepared = self.hooks._enqueue_one(prepared)
         when, after = _validate.schedule(delay, run_at)
-        return prepared, when, after, links, on_conflict, self.schema, self._wakeup
+        return prepared, when, after, links, on_conflict, self.schema, self._wakeup, deps
 
     def _plan_many(
         self,
@@ -183,8 +208,11 @@ class EnqueuePlans(Registry):
         meta: MetaArg,
         on_conflict: OnConflict,
         link: _links.LinksArg,
+        depends_on: _depends.DependsArg = None,
+        on_parent_failure: _depends.OnParentFailure = "cancel",
     ) -> ManyPlan:
         check_on_conflict(on_conflict)
+        deps = _depends.check(depends_on, on_parent_failure)
         when, after = _validate.schedule(delay, run_at)
         items = payloads if isinstance(payloads, list) else list(payloads)
         links = _links.check_many(link, len(items))
@@ -213,6 +241,7 @@ class EnqueuePlans(Registry):
             on_conflict,
             self.schema,
             self._wakeup,
+            deps,
         )
 
     def _any_unique(self, payloads: list[BaseModel]) -> bool:

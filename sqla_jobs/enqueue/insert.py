@@ -17,10 +17,11 @@ from typing import Any, cast
 import psycopg
 from sqlalchemy import Connection, Dialect, inspect
 from sqlalchemy.exc import DBAPIError, StatementError
-from sqlalchemy.orm import Mapper, Session, configure_mappers, make_transient_to_detached
+from sqlalchemy.orm import Mapper, Session, configure_mappers
 from sqlalchemy.orm.attributes import instance_state
 
 from sqla_jobs.enqueue import copy_rows as _copy
+from sqla_jobs.enqueue import due as _due
 from sqla_jobs.enqueue import row as _row
 from sqla_jobs.enqueue import wakeup as _notify
 from sqla_jobs.enqueue.row import Batch, Prepared
@@ -33,7 +34,8 @@ from sqla_jobs.sql import tables as tables_sql
 _NOTIFIED_KEY = "sqla_jobs.notified"
 _INSERT_ONE = enqueue_sql.insert_job()
 _INSERT_ONE_NOTIFY = enqueue_sql.insert_job_and_notify()
-# Without the one optional column, meta, for a job that has none (see _row.Column.optional).
+# Without the optional columns (meta, rate_key), for a job that has none (see
+# _row.Column.optional).
 _INSERT_ONE_LEAN = enqueue_sql.insert_job(lean=True)
 _INSERT_ONE_NOTIFY_LEAN = enqueue_sql.insert_job_and_notify(lean=True)
 _INSERT_MANY = enqueue_sql.insert_jobs()
@@ -49,8 +51,8 @@ _SAVEPOINT, _ROLLBACK_TO_SAVEPOINT, _RELEASE_SAVEPOINT = enqueue_sql.COPY_SAVEPO
 CHUNK = 1024
 
 
-def _one_params(job: Prepared, run_at: datetime | None, delay: timedelta) -> dict[str, Any]:
-    params = dict(zip(_row.NAMES, job.values(), strict=True))
+def _one_params(values: list[Any], run_at: datetime | None, delay: timedelta) -> dict[str, Any]:
+    params = dict(zip(_row.NAMES, values, strict=True))
     params["run_at"] = run_at
     params["delay_us"] = delay // _ONE_US
     return params
@@ -107,49 +109,64 @@ def wake(
 
 
 def _insert_one(
-    session: Session, job: Prepared, run_at: datetime | None, delay: timedelta, wakeup: Wakeup
+    session: Session,
+    job: Prepared,
+    values: list[Any],
+    run_at: datetime | None,
+    delay: timedelta,
+    wakeup: Wakeup,
 ) -> tuple[Any, dict[str, Any]]:
-    """The statement and parameters for one job: with the wakeup folded in when it rides the
-    transaction (see :mod:`sqla_jobs.enqueue.wakeup`) and this transaction has not sent it yet."""
-    params = _one_params(job, run_at, delay)
-    lean = job.meta is None
+    """The statement and parameters for one job (``values``: ``job.values()``): with the wakeup
+    folded in when it rides the transaction (see :mod:`sqla_jobs.enqueue.wakeup`) and this
+    transaction has not sent it yet."""
+    params = _one_params(values, run_at, delay)
+    lean = all(params[name] is None for name in _row.OPTIONAL)
     if lean:
         # A parameter named after a column adds that column to the INSERT: leave it out.
-        del params["meta"]
+        for name in _row.OPTIONAL:
+            del params[name]
     seen = _notified(session)
     if job.queue not in seen and _notify.due_now(run_at, params["delay_us"]):
         seen.add(job.queue)
         if wakeup.plan(session, [job.queue]):
             stmt = _INSERT_ONE_NOTIFY_LEAN if lean else _INSERT_ONE_NOTIFY
             return stmt, {**params, "channel": wakeup.channel, "queue_name": job.queue}
+    elif run_at is not None or params["delay_us"] > 0:
+        _due.announce(session, wakeup, [job.queue], run_at, params["delay_us"])
     return _INSERT_ONE_LEAN if lean else _INSERT_ONE, params
 
 
-def _attach(session: Session, job: Prepared, filled: Sequence[Any]) -> Job:
+def _attach(session: Session, values: list[Any], filled: Sequence[Any]) -> Job:
     """The inserted job as a persistent ``Job`` in ``session``, without loading it back: the
-    database's values (``filled``: :data:`enqueue_sql.FILLED_COLUMNS`) plus what was bound. This is
-    what an ORM load of the RETURNING row would give, at a fraction of the cost on the hot path."""
+    database's values (``filled``: :data:`enqueue_sql.FILLED_COLUMNS`) plus what was bound
+    (``values``: the job's, in :data:`_row.NAMES` order; its JSON texts are parsed in place). This is
+    what an ORM load of the RETURNING row would give, at a fraction of the cost on the hot path.
+
+    The object's state is built as a load builds it (every column attribute in its ``__dict__``,
+    nothing modified, the identity key set: what ``make_transient_to_detached`` makes of it), and
+    it is attached as ``Session.add`` attaches a detached object (same events), without the
+    cascade walk (``Job`` has no relationships)."""
     if not _configured:
         _configure()
-    obj = _JOB_MAPPER.class_manager.new_instance()
-    values = job.values()
+    obj = _new_instance()
+    d = obj.__dict__
+    d.update(_UNSET)
+    d.update(zip(_FILLED_KEYS, filled, strict=True))
     for i in _JSON_AT:
         if values[i] is not None:
             values[i] = json.loads(values[i])
-    state = obj.__dict__
-    state.update(zip(_FILLED_KEYS, filled, strict=True))
-    state.update(zip(_row.NAMES, values, strict=True))
-    state.update(_UNSET)
-    state[ENQUEUED] = "inserted"
-    make_transient_to_detached(obj)
-    session.add(obj)
+    d.update(zip(_row.NAMES, values, strict=True))
+    d[ENQUEUED] = "inserted"
+    state = instance_state(obj)
+    state.key = (_IDENTITY_CLASS, (filled[0],), None)
+    session._update_impl(state)
     # Registered as inserted by the innermost transaction, as a flush registers an object it
     # inserts: a rollback of that transaction (or of the savepoint) then makes it transient, as it
     # does the Session's own inserts. Added as a detached object, it would stay persistent after
     # the rollback, refreshing from a row that no longer exists (ObjectDeletedError).
     tx = session._transaction
     if tx is not None:
-        tx._new[instance_state(obj)] = True
+        tx._new[state] = True
     return obj
 
 
@@ -160,6 +177,8 @@ _JSON_AT = tuple(i for i, c in enumerate(_row.COLUMNS) if c.json)
 _UNSET = dict.fromkeys(
     c.key for c in _JOB_MAPPER.column_attrs if c.key not in {*_FILLED_KEYS, *_row.NAMES}
 )
+_new_instance = _JOB_MAPPER.class_manager.new_instance
+_IDENTITY_CLASS = _JOB_MAPPER._identity_class
 _configured = False
 
 
@@ -212,9 +231,13 @@ def enqueue(
     The async calls run it too, in the ``AsyncSession``'s greenlet
     (:mod:`~sqla_jobs.enqueue.dispatch`)."""
     conn = session.connection(bind_arguments=_JOB_BIND)
-    stmt, params = _insert_one(session, job, run_at, delay, wakeup)
-    filled = conn.execute(stmt, params, execution_options=_exec_options(schema)).one()
-    return _attach(session, job, filled)
+    values = job.values()
+    stmt, params = _insert_one(session, job, values, run_at, delay, wakeup)
+    # first(), not one(): an INSERT of one row returns one row, and one() would fetch again to
+    # make sure.
+    filled = conn.execute(stmt, params, execution_options=_exec_options(schema)).first()
+    assert filled is not None
+    return _attach(session, values, filled)
 
 
 def enqueue_many(
@@ -264,7 +287,10 @@ def enqueue_many(
         ids = list(
             conn.scalars(_INSERT_MANY, _many_params(first, run_at, delay), execution_options=opts)
         )
-    wake(session, conn, wakeup, queues, _notify.due_now(run_at, delay // _ONE_US), opts)
+    due_now = _notify.due_now(run_at, delay // _ONE_US)
+    wake(session, conn, wakeup, queues, due_now, opts)
+    if not due_now:
+        _due.announce(session, wakeup, list(queues), run_at, delay // _ONE_US)
     return ids
 
 

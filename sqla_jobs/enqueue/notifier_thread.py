@@ -14,9 +14,12 @@ from typing import Any
 import psycopg
 from psycopg import pq
 
+from sqla_jobs.db.failover import is_lost_state
 from sqla_jobs.enqueue import notifier_conn as _conn
 
 log = logging.getLogger("sqla_jobs.enqueue.insert")
+#: What each part of the statement answers when the server took it (the SET, the SELECT).
+_ANSWERED = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 
 #: The least seconds between two connection attempts: a server that cannot be reached, or that
 #: drops each connection at once, is not hammered.
@@ -211,8 +214,13 @@ class Notifier(threading.Thread):
             if result is None:
                 self._answered(pgconn)
                 return
-            if result.status != pq.ExecStatus.TUPLES_OK:
+            if result.status not in _ANSWERED:
                 self._error = result.error_message or pgconn.error_message or b"refused"
+                state = result.error_field(pq.DiagnosticField.SQLSTATE)
+                if state is not None and is_lost_state(state.decode(), self._error.decode()):
+                    # A server that is not the primary any more (read-only, in recovery):
+                    # sent again on this connection it would be refused forever.
+                    raise psycopg.OperationalError(self._error.decode(errors="replace").strip())
 
     def _answered(self, pgconn: pq.abc.PGconn) -> None:
         """The statement in flight is done. One the server refused (a revoked grant, a full

@@ -36,6 +36,9 @@ class Prepared:
     concurrency_limit: int | None
     #: The JSON text of the job's ``meta`` object; None when it has none (SQL NULL).
     meta: str | None = None
+    #: The rate limiter the job counts against (:func:`~sqla_jobs.rate_limit.rate_key`); None
+    #: for a kind without a rate limit.
+    rate_key: str | None = None
     #: A unique job's key; None for the others. Not one of :data:`COLUMNS`: unique jobs take
     #: their own statements (``INSERT ... ON CONFLICT``), and the plain ones never pay for it.
     unique: UniqueKey | None = None

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from sqla_jobs.enqueue.due import announce
 from sqla_jobs.enqueue.insert import (
     _JOB_BIND,
     _ONE_US,
@@ -54,7 +55,10 @@ def _notify(
     options: dict[str, Any],
 ) -> None:
     conn = session.connection(bind_arguments=_JOB_BIND)
-    wake(session, conn, wakeup, queues, due_now(run_at, delay // _ONE_US), options)
+    due = due_now(run_at, delay // _ONE_US)
+    wake(session, conn, wakeup, queues, due, options)
+    if not due:
+        announce(session, wakeup, queues, run_at, delay // _ONE_US)
 
 
 def enqueue(
@@ -73,13 +77,14 @@ def enqueue(
     assert job.unique is not None
     conn = session.connection(bind_arguments=_JOB_BIND)
     options = _exec_options(schema)
-    params = {**_one_params(job, run_at, delay), **_unique_params(job.unique)}
+    values = job.values()
+    params = {**_one_params(values, run_at, delay), **_unique_params(job.unique)}
     replace = on_conflict == "replace"
     for _ in range(_ATTEMPTS):
         row = conn.execute(_INSERT[replace], params, execution_options=options).one_or_none()
         if row is not None and row.inserted:
             _notify(session, wakeup, [job.queue], run_at, delay, options)
-            obj = _attach(session, job, row[: len(enqueue_sql.FILLED_COLUMNS)])
+            obj = _attach(session, values, row[: len(enqueue_sql.FILLED_COLUMNS)])
             obj.__dict__.update(unique_key=row.unique_key, unique_states=list(job.unique.states))
             obj.__dict__[ENQUEUED] = "inserted"
             return obj

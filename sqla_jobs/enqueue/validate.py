@@ -29,6 +29,7 @@ from sqla_jobs.errors import (
     PayloadTooLargeError,
 )
 from sqla_jobs.kinds import Kind, Registry, check_name
+from sqla_jobs.rate_limit import rate_key
 from sqla_jobs.unique import Unique, UniqueKey, key_of
 
 _ZERO = timedelta(0)
@@ -166,6 +167,7 @@ def prepare(
         concurrency_key=key,
         concurrency_limit=limit,
         meta=None if meta is None else meta_json(meta),
+        rate_key=rate_key(kind.name, kind.options.rate_limit, instance),
         unique=unique_of(kind, payload_json, q, unique_key),
     )
 

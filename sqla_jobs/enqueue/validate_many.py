@@ -19,6 +19,7 @@ from sqla_jobs.enqueue.row import Batch, Prepared
 from sqla_jobs.enqueue.validate import concurrency, options_of, serialize, unique_of
 from sqla_jobs.errors import EnqueueError, InvalidPayloadError
 from sqla_jobs.kinds import Kind, Registry
+from sqla_jobs.rate_limit import RateLimit, rate_key
 
 _META_AT = _row.NAMES.index("meta")
 
@@ -74,7 +75,9 @@ def prepare_many(
         run = items[start:stop]
         opts = entry.kind.options
         texts = (
-            None if opts.concurrency_key or opts.unique else _serialize_run(entry, run, max_bytes)
+            None
+            if opts.concurrency_key or opts.unique or _keyed_rate(opts.rate_limit)
+            else _serialize_run(entry, run, max_bytes)
         )
         if texts is None:
             for offset, payload in enumerate(run):
@@ -152,6 +155,10 @@ def _template(
         concurrency_key=None,
         concurrency_limit=None,
         meta=meta,
+        # A kind-wide limit's key is the kind's name (the same for every job of the run).
+        rate_key=None
+        if _keyed_rate(kind.options.rate_limit)
+        else rate_key(kind.name, kind.options.rate_limit, None),
     )
 
 
@@ -184,18 +191,29 @@ def _append_one(
     try:
         instance, payload_json = serialize(kind, payload, max_bytes)
         key, limit = concurrency(kind, instance, None)
+        limiter = rate_key(kind.name, kind.options.rate_limit, instance)
     except EnqueueError as exc:
         _at(exc, index)
         raise
     batch.add_run(
         template,
-        {"payload": [payload_json], "concurrency_key": [key], "concurrency_limit": [limit]},
+        {
+            "payload": [payload_json],
+            "concurrency_key": [key],
+            "concurrency_limit": [limit],
+            "rate_key": [limiter],
+        },
     )
     unique = unique_of(kind, payload_json, template.queue, None)
     if unique is not None:
         if batch.unique is None:
             batch.unique = [None] * len(batch)
         batch.unique[-1] = unique
+
+
+def _keyed_rate(limit: RateLimit | None) -> bool:
+    """Whether each job's limiter key comes from its payload (``RateLimit(by=)``)."""
+    return limit is not None and limit.by is not None
 
 
 def _at(exc: EnqueueError, index: int) -> None:

@@ -13,8 +13,8 @@
 ``"none"``
     No wakeup: workers find jobs by polling.
 
-In every mode only a job due now wakes anyone: a job with a delay or a future ``run_at`` is
-found by the poll that follows its time.
+In every mode only a job due now wakes anyone to claim: a job with a delay or a future ``run_at``
+is announced with its time instead, in ``"after_commit"`` mode only (:mod:`~sqla_jobs.enqueue.due`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import logging
 import threading
 import time
 import weakref
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Literal, get_args
@@ -103,27 +104,37 @@ def _conninfo(engine: Engine) -> str:
 
 
 def _on_commit(session: Session) -> None:
+    # Every Session's commit runs this: the one without wakeups returns on a dict lookup.
+    if not session.info.get(_PENDING_KEY):
+        return
     # after_commit fires for a released savepoint too: only the root's commit is the real one.
     if session.get_nested_transaction() is not None:
         return
-    pending = session.info.pop(_PENDING_KEY, None)
-    if not pending:
-        return
-    by_target: dict[str, dict[tuple[str, str], None]] = {}
-    for _tx, target, channel, queue in pending:
-        by_target.setdefault(target, {})[(channel, queue)] = None
+    pending: list[tuple[SessionTransaction, str, str, str]] = session.info.pop(_PENDING_KEY)
+    by_target: dict[str, dict[tuple[str, str], None]]
+    if len(pending) == 1:  # the common case: one enqueue in the transaction
+        _tx, target, channel, queue = pending[0]
+        by_target = {target: {(channel, queue): None}}
+    else:
+        by_target = {}
+        for _tx, target, channel, queue in pending:
+            by_target.setdefault(target, {})[(channel, queue)] = None
     for target, wakeups in by_target.items():
-        try:
-            _notifier.notifier(target).send(wakeups)
-        except Exception as exc:
-            # The transaction has committed: an exception here would report its jobs as lost.
-            log.warning(
-                "could not hand %d wakeup(s) to the notifier (workers find the jobs by "
-                "polling): %s",
-                len(wakeups),
-                exc,
-                extra={"event": "notifier_failed"},
-            )
+        hand_over(target, wakeups)
+
+
+def hand_over(target: str, wakeups: Collection[tuple[str, str]]) -> None:
+    """Give a committed transaction's wakeups to ``target``'s notifier; never raises."""
+    try:
+        _notifier.notifier(target).send(wakeups)
+    except Exception as exc:
+        # The transaction has committed: an exception here would report its jobs as lost.
+        log.warning(
+            "could not hand %d wakeup(s) to the notifier (workers find the jobs by polling): %s",
+            len(wakeups),
+            exc,
+            extra={"event": "notifier_failed"},
+        )
 
 
 def _on_rollback(session: Session, previous_transaction: SessionTransaction) -> None:

@@ -30,7 +30,7 @@ OUTCOMES = ("completed", "failed", "dead", "cancelled", "snoozed", "crashed")
 #: The states whose counts the sampler reports per queue (besides the due pending jobs).
 SAMPLED_STATES = ("running", "dead", "cancelled", "completed")
 #: The other per-queue rows of a sample: 1 for a paused queue, and the jobs not yet due.
-_FLAGS = ("paused", "scheduled")
+_FLAGS = ("paused", "scheduled", "rate_limited")
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 PICKUP_BUCKETS = (
     0.001,
@@ -198,6 +198,18 @@ class QueueCollector(Collector):
             "up to 10,000 per queue and priority (the cap bounds the count's cost), keyed ones all",
             labels=("queue",),
         )
+        limited = GaugeMetricFamily(
+            "sqla_jobs_queue_rate_limited_jobs",
+            "Due pending jobs of kinds with a rate limit (held by their limit, or about to "
+            "start), sampled; also counted in sqla_jobs_queue_due_jobs",
+            labels=("queue",),
+        )
+        waiting = GaugeMetricFamily(
+            "sqla_jobs_waiting_jobs_estimate",
+            "Jobs waiting on their parents (job dependencies), all queues: the planner's estimate "
+            "from the job table's statistics (the waiting share at its last ANALYZE, times its "
+            "rows now), which costs one read of the catalog whatever the backlog",
+        )
         lag = GaugeMetricFamily(
             "sqla_jobs_schedule_lag_seconds",
             "Seconds a periodic schedule's next tick is overdue, by the database's clock (0: on "
@@ -206,10 +218,14 @@ class QueueCollector(Collector):
         )
         elected.add_metric((), 1.0 if sample is not None else 0.0)
         if sample is not None:
-            _add_sample(sample.queues, self.own_queues, due, oldest, depth, paused, scheduled)
+            _add_sample(
+                sample.queues, self.own_queues, due, oldest, depth, paused, scheduled, limited
+            )
             for name, seconds in sample.schedules:
                 lag.add_metric((name,), seconds)
-        yield from (elected, due, oldest, depth, paused, scheduled, lag)
+            if sample.waiting is not None:
+                waiting.add_metric((), float(sample.waiting))
+        yield from (elected, due, oldest, depth, paused, scheduled, limited, waiting, lag)
 
 
 def _add_sample(
@@ -220,6 +236,7 @@ def _add_sample(
     depth: GaugeMetricFamily,
     paused: GaugeMetricFamily,
     scheduled: GaugeMetricFamily,
+    limited: GaugeMetricFamily,
 ) -> None:
     names = ("due", "oldest", *SAMPLED_STATES, *_FLAGS)
     queues: dict[str, dict[str, float]] = {q: dict.fromkeys(names, 0.0) for q in own}
@@ -233,5 +250,6 @@ def _add_sample(
         oldest.add_metric((queue,), entry["oldest"])
         paused.add_metric((queue,), entry["paused"])
         scheduled.add_metric((queue,), entry["scheduled"])
+        limited.add_metric((queue,), entry["rate_limited"])
         for state in SAMPLED_STATES:
             depth.add_metric((queue, state), entry[state])

@@ -20,7 +20,7 @@ from datetime import timedelta
 
 import psycopg
 
-from sqla_jobs.db.connections import CONNECTION_ERRORS, AsyncConn, Conn
+from sqla_jobs.db.connections import AsyncConn, Conn, should_reconnect
 from sqla_jobs.sql import workers as workers_sql
 from sqla_jobs.sql.compiled import compile_statement
 
@@ -64,9 +64,9 @@ class Registry:
         """Write the row (at the worker's start). A lost connection raises; a refusal is logged."""
         try:
             await conn.execute(self._register.sql, self._row)
-        except CONNECTION_ERRORS:
-            raise
         except psycopg.Error as exc:
+            if should_reconnect(exc):
+                raise
             self._refused(exc)
 
     def beat(self, conn: Conn) -> None:
@@ -76,9 +76,9 @@ class Registry:
             return
         try:
             conn.execute(self._register.sql, self._row)
-        except CONNECTION_ERRORS:
-            raise
         except psycopg.Error as exc:
+            if should_reconnect(exc):
+                raise
             self._refused(exc)
 
     def prune(self, conn: Conn) -> list[str]:
@@ -88,9 +88,9 @@ class Registry:
             return []
         try:
             gone = [str(r[0]) for r in conn.execute(self._prune.sql, self._prune_params)]
-        except CONNECTION_ERRORS:
-            raise
         except psycopg.Error as exc:
+            if should_reconnect(exc):
+                raise
             self._refused(exc)
             return []
         for name in gone:

@@ -12,7 +12,9 @@ gauges, so summing a gauge over every scraped worker counts each queue once.
 A sample is one read of the queues (:func:`sqla_jobs.sql.metrics.sample_queues`), which never
 reads the jobs scheduled for later, and two of small tables (paused queues, schedules' lag). The
 count of scheduled jobs reads an index entry per job (up to a cap per queue), so it is taken
-every five minutes and its rows are repeated in the samples between.
+every five minutes and its rows are repeated in the samples between. The jobs waiting on their
+parents are estimated from the planner's statistics (:func:`~sqla_jobs.sql.metrics.estimate_waiting`):
+no index holds them, and a count would read every one of a large waiting backlog each sample.
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from sqla_jobs.db.connections import CONNECTION_ERRORS, ConnectionThread, Connector
+from sqla_jobs.db.connections import ConnectionThread, Connector, should_reconnect
 from sqla_jobs.sql import metrics as metrics_sql
 from sqla_jobs.sql.compiled import compile_statement
+from sqla_jobs.sql.tables import job_table_name
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -38,11 +41,13 @@ SCHEDULED_EVERY = 300.0
 
 
 class Sample(NamedTuple):
-    """One interval's reads: the queues' rows (due, by state, ``paused``, ``scheduled``) and each
-    unpaused schedule's (name, seconds its next tick is overdue)."""
+    """One interval's reads: the queues' rows (due, by state, ``paused``, ``scheduled``), each
+    unpaused schedule's (name, seconds its next tick is overdue), and the jobs waiting on their
+    parents, estimated from the planner's statistics (None: not read)."""
 
     queues: Rows
     schedules: list[tuple[str, float]]
+    waiting: int | None = None
 
 
 class Sampler(ConnectionThread):
@@ -64,6 +69,8 @@ class Sampler(ConnectionThread):
         self._paused = compile_statement(metrics_sql.sample_paused_queues(), schema)
         self._lags = compile_statement(metrics_sql.sample_schedule_lags(), schema)
         self._scheduled = compile_statement(metrics_sql.count_scheduled(), schema)
+        self._waiting = compile_statement(metrics_sql.estimate_waiting(), schema)
+        self._job_table = job_table_name(schema)
         #: The latest count of scheduled jobs, and when it was taken (monotonic; 0: never).
         self._scheduled_rows: Rows = []
         self._scheduled_at = 0.0
@@ -77,9 +84,9 @@ class Sampler(ConnectionThread):
     def step(self) -> float:
         try:
             self.sample_once()
-        except CONNECTION_ERRORS:
-            raise
         except psycopg.Error as exc:
+            if should_reconnect(exc):
+                raise
             # A statement timeout, a refused read: this interval shows nothing, the next tries.
             self._on_sample(None)
             log.warning(
@@ -116,7 +123,9 @@ class Sampler(ConnectionThread):
             rows += self._scheduled_rows
             ticks: Rows = conn.execute(self._lags.sql, self._lags.params()).fetchall()
             lags = [(str(name), float(lag)) for name, lag in ticks]
-            sample = Sample(rows, lags)
+            params = self._waiting.params(job_table=self._job_table)
+            waiting: tuple[Any, ...] | None = conn.execute(self._waiting.sql, params).fetchone()
+            sample = Sample(rows, lags, int(waiting[0]) if waiting else None)
             self.samples += 1
             self._on_sample(sample)
             return sample

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from sqla_jobs.context import due_at
-from sqla_jobs.db.connections import CONNECTION_ERRORS, AsyncConn, Conn
+from sqla_jobs.db.connections import AsyncConn, Conn, should_reconnect
 from sqla_jobs.hooks import _name_of
 from sqla_jobs.sql import metrics as metrics_sql
 from sqla_jobs.sql.compiled import compile_statement
@@ -70,16 +69,18 @@ class Tally:
     def started(self, job: ClaimedJob, now: float) -> None:
         """``job``'s handler starts now: its pickup delay (the claim returned its due time)."""
         if self.enabled:
-            row = self._row(job)
+            # The row looked up inline: twice per job, on the worker's loop.
+            row = self._runs.get((job.queue, job.kind)) or self._row(job)
             row[_PICKUPS] += 1
-            delay = now - due_at(job)
+            delay = now - job[-1]  # type: ignore[operator]  # due_at(job), inline: once per job
             if delay > 0.0:
                 row[_PICKUP_SECONDS] += delay
 
     def ended(self, outcome: Outcome, ran: bool) -> None:
         """A run ended with ``outcome``; its run time if it ran."""
         if self.enabled:
-            row = self._row(outcome.job)
+            job = outcome.job
+            row = self._runs.get((job.queue, job.kind)) or self._row(job)
             row[_AT[_name_of(outcome)]] += 1
             if ran:
                 row[_RUNS] += 1
@@ -137,9 +138,9 @@ class Tally:
             return
         try:
             conn.execute(self._record.sql, params)
-        except CONNECTION_ERRORS:
-            raise
         except psycopg.Error as exc:
+            if should_reconnect(exc):
+                raise
             self._refused(exc)
             return
         self._written = totals

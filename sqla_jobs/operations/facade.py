@@ -11,6 +11,7 @@ from sqla_jobs.db.sessions import current, current_async
 from sqla_jobs.model import Job
 from sqla_jobs.operations import jobs as _ops
 from sqla_jobs.operations import queues as _queues
+from sqla_jobs.operations import results as _results
 from sqla_jobs.operations.jobs import CancelResult
 from sqla_jobs.operations.queues import QueueChange
 
@@ -88,6 +89,10 @@ class Operations:
         ``ids``: pending or running jobs; without ``ids``: those of ``queue`` and ``kind``. Errors
         as for :meth:`retry`, raised before anything changed. A SELECT of job ids is a filter, as
         for :meth:`retry`: it cancels the pending and running jobs among them.
+        A ``waiting`` job (``depends_on``) is cancelled as a pending one is; a job that others
+        depend on cancels them too, and theirs, at the commit (unless they were enqueued with
+        ``on_parent_failure="run"``); a child's cancel changes nothing for its parents. Retrying
+        a cancelled or dead job later does not bring back the dependents it cancelled.
         """
         return _ops.cancel(current(session), self._scope, ids, kind=kind, queue=queue)
 
@@ -216,3 +221,19 @@ class Operations:
     ) -> Job | None:
         """:meth:`get` for an ``AsyncSession``."""
         return await current_async(session).run_sync(lambda s: _ops.get(s, self._scope, job_id))
+
+    def result(self, session: Session | scoped_session[Any], job_id: int) -> Any:
+        """What the handler of job ``job_id`` returned, for a kind with ``results=True``: stored
+        with its completion (in JSON form: a pydantic model as its ``model_dump(mode="json")``)
+        and kept as long as outcomes are (the retention of dead jobs). Raises
+        :class:`~sqla_jobs.NoResultError` if there is none: not completed (yet), a kind that
+        stores no results, or pruned. A result may be JSON ``null``: then this returns None."""
+        return _results.result(current(session), self._scope, job_id)
+
+    async def result_async(
+        self, session: AsyncSession | async_scoped_session[Any], job_id: int
+    ) -> Any:
+        """:meth:`result` for an ``AsyncSession``."""
+        return await current_async(session).run_sync(
+            lambda s: _results.result(s, self._scope, job_id)
+        )

@@ -48,7 +48,7 @@ _DELETE = operations_sql.delete_jobs()
 _NOTIFY = enqueue_sql.notify()
 
 RETRYABLE = (JobState.DEAD.value, JobState.CANCELLED.value, JobState.PENDING.value)
-CANCELLABLE = (JobState.PENDING.value, JobState.RUNNING.value)
+CANCELLABLE = (JobState.PENDING.value, JobState.RUNNING.value, JobState.WAITING.value)
 DELETABLE = (JobState.DEAD.value, JobState.CANCELLED.value, JobState.COMPLETED.value)
 #: The states an operation by filter selects, by operation: what it runs on and what a count of
 #: it (:mod:`sqla_jobs.operations.preview`) counts.
@@ -240,7 +240,7 @@ def cancel(
     rows = _targets(
         session, scope, ids, CANCELLABLE, FILTER_STATES["cancel"], "cancel", kind, queue, bound
     )
-    pending = [r[0] for r in rows if r[1] == JobState.PENDING.value]
+    pending = [r[0] for r in rows if r[1] != JobState.RUNNING.value]
     running = [r[0] for r in rows if r[1] == JobState.RUNNING.value]
     options = scope.options
     cancelled = (

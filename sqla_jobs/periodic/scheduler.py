@@ -32,7 +32,14 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from sqla_jobs.db.connections import CONNECTION_ERRORS, Connector, Reconnects, serve
+from sqla_jobs.db.connections import (
+    CONNECTION_ERRORS,
+    Connector,
+    Reconnects,
+    serve,
+    should_reconnect,
+)
+from sqla_jobs.db.failover import failover_safe
 from sqla_jobs.errors import ConfigurationError
 from sqla_jobs.periodic.ops import Host
 from sqla_jobs.periodic.schedule import Periodic, Plan
@@ -80,6 +87,7 @@ class Scheduler(threading.Thread):
             max_overflow=0,
             pool_pre_ping=True,
         )
+        failover_safe(self.engine)
         self._stop_event = threading.Event()
         self._reconnects = Reconnects("scheduler connection", "scheduler_conn_lost")
         self._registered = False
@@ -313,7 +321,8 @@ class Scheduler(threading.Thread):
 
 
 def _connection_lost(exc: BaseException) -> bool:
-    """Whether ``exc`` means the connection is gone (or timed out), not a refusal by the server."""
+    """Whether ``exc`` means the connection is gone (or timed out) or its server is not the
+    primary any more, not a refusal by the server."""
     if isinstance(exc, DBAPIError):
-        return exc.connection_invalidated or isinstance(exc.orig, CONNECTION_ERRORS)
+        return exc.connection_invalidated or (exc.orig is not None and should_reconnect(exc.orig))
     return True

@@ -6,6 +6,7 @@ The concerns: :mod:`~sqla_jobs.sql.enqueue` and :mod:`~sqla_jobs.sql.unique` (wr
 index scans of :mod:`~sqla_jobs.sql.scans`, :mod:`~sqla_jobs.sql.outcomes` and
 :mod:`~sqla_jobs.sql.leases` (how a run ends, and its lease), :mod:`~sqla_jobs.sql.operations`,
 :mod:`~sqla_jobs.sql.schedules`, :mod:`~sqla_jobs.sql.listings` and :mod:`~sqla_jobs.sql.links`,
+:mod:`~sqla_jobs.sql.workflows` (job dependencies at enqueue; their triggers are the model's),
 :mod:`~sqla_jobs.sql.stats`, :mod:`~sqla_jobs.sql.metrics` and :mod:`~sqla_jobs.sql.workers`
 (what observers read and write), :mod:`~sqla_jobs.sql.maintenance` (retention),
 :mod:`~sqla_jobs.sql.catalog` (the server's catalog and the migration lock) and

@@ -24,6 +24,7 @@ from sqlalchemy import (
     update,
 )
 
+from sqla_jobs.sql.rate_limits import rated_pick
 from sqla_jobs.sql.scans import (
     crash_rule,
     due_now,
@@ -50,6 +51,7 @@ __all__ = [
     "claim_keyed_with_due_at",
     "claim_keyed_with_meta",
     "claim_keyed_with_meta_and_due_at",
+    "claim_rated",
     "claim_with_due_at",
     "claim_with_meta",
     "claim_with_meta_and_due_at",
@@ -76,7 +78,12 @@ CLAIMED_COLUMNS = (
 
 
 def claim_jobs(
-    *, keyed: bool, meta: bool = False, due_at: bool = False, for_testing: bool = False
+    *,
+    keyed: bool,
+    meta: bool = False,
+    due_at: bool = False,
+    for_testing: bool = False,
+    rated: bool = False,
 ) -> Select[Any]:
     """The claim, in one atomic statement: one UPDATE of the jobs a selection picked (``FOR UPDATE
     SKIP LOCKED`` in the unkeyed claim; under the keys' advisory locks in the keyed one), set
@@ -86,11 +93,16 @@ def claim_jobs(
     jobs (:func:`claim`). ``meta``: each job's ``meta`` after those columns. ``due_at``: when each
     job became due, on the worker's ``time.monotonic()`` clock sent as ``monotonic``, as the last
     column. ``for_testing``: only the jobs the test's transaction wrote, due by a clock moved
-    forward (:func:`claim_for_testing`). Each variant a caller runs is a named builder below,
+    forward (:func:`claim_for_testing`). ``rated``: the rate limited jobs of the limiters this
+    transaction holds (:func:`claim_rated`; ``keyed`` is then ignored). Each variant a caller runs is a named builder below,
     pinned by its golden file; ``keyed`` has no default, so this one is not a builder of its own.
     """
     due = due_for_testing() if for_testing else due_now()
-    picked = _keyed_pick(due) if keyed else _unkeyed_pick(due)
+    # A test's inline runs take rate limited jobs too, without their limit.
+    if rated:
+        picked = rated_pick(due)
+    else:
+        picked = _keyed_pick(due, for_testing) if keyed else _unkeyed_pick(due, for_testing)
     return _mark_claimed(update(job).where(*picked), meta, due_at)
 
 
@@ -161,6 +173,18 @@ def claim_keyed_with_meta_and_due_at() -> Select[Any]:
     return claim_jobs(keyed=True, meta=True, due_at=True)
 
 
+def claim_rated() -> Select[Any]:
+    """Step 3 of the rate limited claim, in the transaction that holds the limiters ``keys``
+    (:func:`~sqla_jobs.sql.rate_limits.lock_rate_limiters`) and the concurrency keys
+    ``concurrency_keys`` (:func:`~sqla_jobs.sql.rate_limits.lock_rated_concurrency_keys`): claim
+    up to ``limit`` due jobs of ``queue`` within each limiter's room and each concurrency key's
+    (:func:`~sqla_jobs.sql.rate_limits.rated_pick`). Exact: its snapshot is taken after those
+    locks were granted, so it sees every start their previous holders logged. Per limiter, an
+    index range scan of ``sqla_jobs_job_rated_idx``. Returns :data:`CLAIMED_COLUMNS` (the
+    ``meta`` and ``due_at`` variants as :func:`claim` has them)."""
+    return claim_jobs(keyed=False, rated=True)
+
+
 def claim_for_testing() -> Select[Any]:
     """:func:`claim` as ``sqla_jobs.testing`` runs it, inside a test's transaction: only the jobs
     that transaction wrote (:data:`~sqla_jobs.sql.testing.WRITTEN_HERE`) unless ``all_jobs``, due by ``now()`` plus
@@ -175,7 +199,9 @@ def claim_keyed_for_testing() -> Select[Any]:
     return claim_jobs(keyed=True, for_testing=True)
 
 
-def _unkeyed_pick(due: tuple[ColumnElement[bool], ...]) -> tuple[ColumnElement[bool], ...]:
+def _unkeyed_pick(
+    due: tuple[ColumnElement[bool], ...], rated: bool
+) -> tuple[ColumnElement[bool], ...]:
     # For each priority in ascending order, an index range scan of (queue, priority, run_at <=
     # now()): it stops at the priority's first job not due yet, so jobs scheduled for later are
     # never read. A plain ORDER BY priority, run_at, id over the whole queue instead walks every
@@ -184,12 +210,12 @@ def _unkeyed_pick(due: tuple[ColumnElement[bool], ...]) -> tuple[ColumnElement[b
     # priority order and the outer LIMIT stops pulling, so no row past the limit is locked.
     queue = bindparam("queue", type_=Text)
     # Nested in the claim's subquery: the statement still starts with its UPDATE's CTE.
-    priorities = priority_heads(queue, (not_paused(),), nesting=True)
+    priorities = priority_heads(queue, (not_paused(),), nesting=True, rated=rated)
     limit = bindparam("limit", type_=BigInteger)
     under = (
         select(job.c.id)
         .where(
-            *unkeyed_in(queue),
+            *unkeyed_in(queue, rated=rated),
             job.c.priority == priorities.c.priority,
             *due,
             # A filter on the same index scan: stepping over the few crashed rows at the head of
@@ -209,7 +235,9 @@ def _unkeyed_pick(due: tuple[ColumnElement[bool], ...]) -> tuple[ColumnElement[b
     return (job.c.id == func.any(func.array(picked.scalar_subquery())),)
 
 
-def _keyed_pick(due: tuple[ColumnElement[bool], ...]) -> tuple[ColumnElement[bool], ...]:
+def _keyed_pick(
+    due: tuple[ColumnElement[bool], ...], rated: bool
+) -> tuple[ColumnElement[bool], ...]:
     keys = bindparam("keys", type_=ARRAY(Text))
     queue = bindparam("queue", type_=Text)
     limit = bindparam("limit", type_=BigInteger)
@@ -227,7 +255,7 @@ def _keyed_pick(due: tuple[ColumnElement[bool], ...]) -> tuple[ColumnElement[boo
     wanted = func.unnest(keys).table_valued("key").render_derived(name="wanted")
     first = (
         select(key, priority, job.c.concurrency_limit)
-        .where(*keyed_in(queue), key == wanted.c.key, not_paused())
+        .where(*keyed_in(queue, rated=rated), key == wanted.c.key, not_paused())
         .order_by(priority, job.c.run_at, job.c.id)
         .limit(ONE)
         .lateral("first")
@@ -243,7 +271,11 @@ def _keyed_pick(due: tuple[ColumnElement[bool], ...]) -> tuple[ColumnElement[boo
     )
     after = (
         select(key, priority)
-        .where(*keyed_in(queue), key == lines.c.concurrency_key, priority > lines.c.priority)
+        .where(
+            *keyed_in(queue, rated=rated),
+            key == lines.c.concurrency_key,
+            priority > lines.c.priority,
+        )
         .order_by(priority, job.c.run_at, job.c.id)
         .limit(ONE)
         .lateral("after")
@@ -256,7 +288,7 @@ def _keyed_pick(due: tuple[ColumnElement[bool], ...]) -> tuple[ColumnElement[boo
     under = (
         select(job.c.id, key, job.c.concurrency_limit, priority, job.c.run_at)
         .where(
-            *keyed_in(queue),
+            *keyed_in(queue, rated=rated),
             key == lines.c.concurrency_key,
             priority == lines.c.priority,
             *due,

@@ -48,6 +48,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("concurrency_key", "concurrency_keys", Text(), "text", nullable=True),
     Column("concurrency_limit", "concurrency_limits", BigInteger(), "int", nullable=True),
     Column("meta", "metas", Text(), "json", json=True, nullable=True, optional=True),
+    Column("rate_key", "rate_keys", Text(), "text", nullable=True, optional=True),
 )
 NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 #: The :attr:`Column.optional` columns.

@@ -18,7 +18,10 @@ from sqla_jobs.sql import catalog as catalog_sql
 from sqla_jobs.sql import claim as claim_sql
 from sqla_jobs.sql import enqueue as enqueue_sql
 from sqla_jobs.sql import leases as leases_sql
+from sqla_jobs.sql import limiters as limiters_sql
 from sqla_jobs.sql import outcomes as outcomes_sql
+from sqla_jobs.sql import rate_limits as rate_limits_sql
+from sqla_jobs.sql import results as results_sql
 from sqla_jobs.sql import scans as scans_sql
 from sqla_jobs.sql import tables as tables_sql
 
@@ -64,6 +67,14 @@ class WorkerSQL:
         )
         self.complete = compile_statement(outcomes_sql.complete(), schema)
         self.complete_into_history = compile_statement(outcomes_sql.complete_into_history(), schema)
+        self.complete_with_results = compile_statement(results_sql.complete_with_results(), schema)
+        self.complete_into_history_with_results = compile_statement(
+            results_sql.complete_into_history_with_results(), schema
+        )
+        self.parent_results = compile_statement(results_sql.parent_results(), schema)
+        self.keep_completed_with_result = compile_statement(
+            results_sql.keep_completed_with_result(), schema
+        )
         self.fail = compile_statement(outcomes_sql.fail(), schema)
         self.keep_completed = compile_statement(outcomes_sql.keep_completed(), schema)
         self.heartbeat = compile_statement(leases_sql.heartbeat(), schema)
@@ -73,11 +84,23 @@ class WorkerSQL:
         self.snooze = compile_statement(outcomes_sql.snooze(), schema)
         self.finish_cancelled = compile_statement(outcomes_sql.finish_cancelled(), schema)
         self.reap = compile_statement(leases_sql.reap(), schema)
+        self.release_orphans = compile_statement(leases_sql.release_orphans(), schema)
         self.lock_keys = compile_statement(scans_sql.lock_keys(), schema)
         self.claim_keyed = compile_statement(
             claim_sql.claim_jobs(keyed=True, meta=meta, due_at=timed), schema
         )
         self.claimable_queues = compile_statement(scans_sql.claimable_queues(), schema)
+        # The rate limited claim (sqla_jobs.worker.rated), in its order.
+        self.lock_rate_limiters = compile_statement(rate_limits_sql.lock_rate_limiters(), schema)
+        self.create_rate_limiters = compile_statement(limiters_sql.create_rate_limiters(), schema)
+        self.lock_rated_concurrency_keys = compile_statement(
+            rate_limits_sql.lock_rated_concurrency_keys(), schema
+        )
+        self.claim_rated = compile_statement(
+            claim_sql.claim_jobs(keyed=False, rated=True, meta=meta, due_at=timed), schema
+        )
+        self.log_rate_starts = compile_statement(rate_limits_sql.log_rate_starts(), schema)
+        self.rate_waits = compile_statement(rate_limits_sql.rate_waits(), schema)
         self.record_step = compile_statement(leases_sql.record_step(), schema)
         self.deferred_job_triggers = compile_statement(catalog_sql.deferred_job_triggers(), schema)
         #: The job table's name, as the catalog statements take it.

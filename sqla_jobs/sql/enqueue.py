@@ -76,9 +76,10 @@ def insert_job(lean: bool = False) -> AnyInsert:
 
     Parameters: queue, kind, payload (JSON text), priority, max_attempts, max_crashes,
     concurrency_key and concurrency_limit (both NULL for an unkeyed job), meta (JSON text or NULL),
+    rate_key (NULL for a kind without a rate limit),
     and either run_at (aware datetime) or delay_us (microseconds, added to the database's
-    ``now()``). Locks nothing beyond the new row. ``lean``: without the optional columns (meta),
-    for a job that has none of them.
+    ``now()``). Locks nothing beyond the new row. ``lean``: without the optional columns (meta,
+    rate_key), for a job that has none of them.
     """
     return _insert_values(lean).returning(*FILLED_COLUMNS)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sqlalchemy import (
+    ARRAY,
     BigInteger,
     Interval,
     Select,
@@ -21,6 +22,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy import all_ as all_of
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 from sqla_jobs.model import (
@@ -33,6 +35,7 @@ from sqla_jobs.sql.tables import (
     RUNNING,
     append_error,
     fenced,
+    given_back,
     held_pairs,
     job,
 )
@@ -46,6 +49,7 @@ __all__ = [
     "held_leases",
     "reap",
     "record_step",
+    "release_orphans",
 ]
 
 
@@ -140,4 +144,28 @@ def record_step() -> AnyUpdate:
             )
         )
         .returning(job.c.id)
+    )
+
+
+def release_orphans() -> AnyUpdate:
+    """The running jobs the table says worker ``worker`` holds, under none of the lease ``tokens``
+    it holds: back to ``pending`` at their old place in line, the claim's attempt undone, counted
+    as interrupted (their handlers had run), like a release. A job whose cancel was requested is
+    ``cancelled`` instead. Returns id, kind, state. Served by ``sqla_jobs_job_running_idx``
+    (running rows only).
+
+    After a failover that lost commits (asynchronous replication), a job completed or given back
+    on the old primary is still ``running`` on the new one under a lease its worker dropped; its
+    worker, back from the outage, gives it back, where the reaper would charge it a crash.
+    """
+    tokens = bindparam("tokens", type_=ARRAY(UUID(as_uuid=True)))
+    return (
+        update(job)
+        .where(
+            job.c.state == RUNNING,
+            job.c.locked_by == bindparam("worker", type_=Text),
+            job.c.lease_token != all_of(tokens),
+        )
+        .values(**given_back(1))
+        .returning(job.c.id, job.c.kind, job.c.state)
     )

@@ -26,7 +26,9 @@ from sqlalchemy import (
     true,
     tuple_,
 )
+from sqlalchemy.dialects.postgresql import REGCLASS
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.expression import TableClause
 
 from sqla_jobs.sql.tables import (
     ADVISORY_NAMESPACE,
@@ -46,6 +48,7 @@ __all__ = [
     "SCHEDULED_CAP",
     "THROUGHPUT_COUNTS",
     "count_scheduled",
+    "estimate_waiting",
     "read_throughput",
     "record_throughput",
     "sample_paused_queues",
@@ -72,8 +75,12 @@ def try_lock_sampler() -> Select[tuple[bool]]:
     )
 
 
-#: The pending jobs the claim index holds (the unkeyed ones).
-_UNKEYED = (job.c.state == PENDING, job.c.concurrency_key.is_(None))
+#: The pending jobs the claim index holds (unkeyed, without a rate limit).
+_UNKEYED = (job.c.state == PENDING, job.c.concurrency_key.is_(None), job.c.rate_key.is_(None))
+#: The pending jobs the keyed index holds (keyed, without a rate limit).
+_KEYED = (job.c.state == PENDING, job.c.concurrency_key.is_not(None), job.c.rate_key.is_(None))
+#: The pending jobs the rated index holds (with a rate limit, keyed or not).
+_RATED = (job.c.state == PENDING, job.c.rate_key.is_not(None))
 #: How many jobs not yet due :func:`count_scheduled` reads at most per (queue, priority).
 SCHEDULED_CAP = 10_000
 
@@ -113,7 +120,8 @@ def sample_queues() -> Any:
     probe each, and under each reads only the index entries already due; the cost is one probe per
     (queue, priority) plus the due jobs, whatever the number of jobs scheduled later. Keyed
     pending jobs are read from ``sqla_jobs_job_keyed_idx`` (all of them: keys are too many to
-    step over), running jobs from ``sqla_jobs_job_running_idx`` and finished ones from
+    step over), rate limited ones from ``sqla_jobs_job_rated_idx`` (likewise; their due ones are
+    also counted as ``rate_limited`` rows: held by their limit, or about to start), running jobs from ``sqla_jobs_job_running_idx`` and finished ones from
     ``sqla_jobs_job_finished_idx``, each partial and holding only its rows. A plain read: no locks.
     """
     heads = _queue_heads()
@@ -140,7 +148,20 @@ def sample_queues() -> Any:
     )
     due_keyed = (
         select(job.c.queue, literal_column("'due'"), func.count().filter(due_now), keyed_age)
-        .where(job.c.state == PENDING, job.c.concurrency_key.is_not(None))
+        .where(*_KEYED)
+        .group_by(job.c.queue)
+    )
+    # Rate limited jobs, due: counted among the due ones, and on their own (held by their limit,
+    # or about to start). Read from the rated index, as keyed jobs from theirs: an empty index
+    # when no kind has a limit, so an idle sample costs what it did.
+    due_rated = (
+        select(job.c.queue, literal_column("'due'"), func.count().filter(due_now), keyed_age)
+        .where(*_RATED)
+        .group_by(job.c.queue)
+    )
+    rate_limited = (
+        select(job.c.queue, literal_column("'rate_limited'"), func.count(), null())
+        .where(*_RATED, due_now)
         .group_by(job.c.queue)
     )
     running = (
@@ -153,7 +174,7 @@ def sample_queues() -> Any:
         .where(job.c.state.in_([COMPLETED, DEAD, CANCELLED]))
         .group_by(job.c.queue, job.c.state)
     )
-    return due_unkeyed.union_all(due_keyed, running, finished)
+    return due_unkeyed.union_all(due_keyed, due_rated, rate_limited, running, finished)
 
 
 def sample_paused_queues() -> Select[Any]:
@@ -194,10 +215,60 @@ def count_scheduled() -> Any:
     )
     keyed = (
         select(job.c.queue, literal_column("'scheduled'"), func.count().filter(later), null())
-        .where(job.c.state == PENDING, job.c.concurrency_key.is_not(None))
+        .where(*_KEYED)
         .group_by(job.c.queue)
     )
-    return unkeyed.union_all(keyed)
+    rated = (
+        select(job.c.queue, literal_column("'scheduled'"), func.count().filter(later), null())
+        .where(*_RATED)
+        .group_by(job.c.queue)
+    )
+    return unkeyed.union_all(keyed, rated)
+
+
+def estimate_waiting() -> Select[Any]:
+    """The jobs waiting on their parents in the job table (bound as ``job_table``, text, as
+    :func:`~sqla_jobs.sql.tables.job_table_name` renders it), estimated as the planner does: the
+    share of ``waiting`` in the ``state`` column's most common values at the last ANALYZE, times
+    the rows the table holds now (its rows per page then, times its pages now). No index holds
+    the waiting jobs, so an exact count would read every row of a large waiting backlog at every
+    sample; this reads the catalog only, whatever the backlog. 0 before the table's first
+    ANALYZE, or with no waiting job then."""
+    table = cast(bindparam("job_table", type_=Text), REGCLASS)
+    cls = TableClause(
+        "pg_class",
+        *(column(n) for n in ("oid", "relname", "relnamespace", "reltuples", "relpages")),
+        schema="pg_catalog",
+    )
+    space = TableClause("pg_namespace", column("oid"), column("nspname"), schema="pg_catalog")
+    stats = TableClause(
+        "pg_stats",
+        *(column(n) for n in ("schemaname", "tablename", "attname", "most_common_vals")),
+        column("most_common_freqs", ARRAY(Float)),
+        schema="pg_catalog",
+    )
+    values = cast(cast(stats.c.most_common_vals, Text), ARRAY(Text))
+    share = stats.c.most_common_freqs[func.array_position(values, literal_column("'waiting'"))]
+    pages = func.pg_relation_size(cls.c.oid) / func.current_setting(
+        literal_column("'block_size'")
+    ).cast(Float)
+    rows = func.greatest(cls.c.reltuples, literal_column("0")) / func.nullif(
+        cls.c.relpages, literal_column("0")
+    )
+    estimate = (
+        select(rows * pages * share)
+        .select_from(
+            cls.join(space, space.c.oid == cls.c.relnamespace).join(
+                stats,
+                (stats.c.schemaname == space.c.nspname) & (stats.c.tablename == cls.c.relname),
+            )
+        )
+        .where(cls.c.oid == table, stats.c.attname == literal_column("'state'"))
+        .scalar_subquery()
+    )
+    return select(
+        cast(func.round(func.coalesce(estimate, literal_column("0"))), BigInteger).label("waiting")
+    )
 
 
 def sample_schedule_lags() -> Select[Any]:

@@ -15,6 +15,7 @@ from sqlalchemy import (
     bindparam,
     delete,
     func,
+    literal_column,
     null,
     or_,
     select,
@@ -156,10 +157,14 @@ def retry_jobs() -> AnyUpdate:
 
 
 def cancel_pending() -> AnyUpdate:
-    """Cancel the pending jobs ``ids``: ``cancelled``, never to run. Returns their ids."""
+    """Cancel the pending or waiting jobs ``ids``: ``cancelled``, never to run (their dependents
+    are cancelled by the trigger of :mod:`sqla_jobs.model.workflows`). Returns their ids."""
     return (
         update(job)
-        .where(job.c.id == func.any(ids_param()), job.c.state == PENDING)
+        .where(
+            job.c.id == func.any(ids_param()),
+            job.c.state.in_([PENDING, literal_column("'waiting'")]),
+        )
         .values(state=CANCELLED, finished_at=func.now())
         .returning(job.c.id)
     )

@@ -37,6 +37,7 @@ from sqla_jobs.sql.tables import (
     PENDING,
     append_error,
     fenced,
+    given_back,
     held_pairs,
     history,
     ids_param,
@@ -199,19 +200,10 @@ def release() -> AnyUpdate:
     """
     held = held_pairs()
     interrupted = bindparam("interrupted", False, type_=Boolean)
-    cancelled = job.c.cancel_requested_at.is_not(None)
     return (
         update(job)
         .where(fenced(held))
-        .values(
-            state=case((cancelled, CANCELLED), else_=PENDING),
-            finished_at=case((cancelled, func.now()), else_=null()),
-            attempts=func.greatest(job.c.attempts - 1, 0),
-            interruptions=job.c.interruptions + case((interrupted, 1), else_=0),
-            lease_token=null(),
-            lease_expires_at=null(),
-            locked_by=null(),
-        )
+        .values(**given_back(case((interrupted, 1), else_=0)))
         .returning(job.c.id)
     )
 

@@ -116,23 +116,27 @@ def _distinct_pending(name: str, where: tuple[ColumnElement[bool], ...]) -> Any:
 
 def known_queues() -> Select[Any]:
     """Every queue the database knows of, by name, without reading the jobs behind each: those
-    with pending jobs (loose index scans of ``sqla_jobs_job_claim_idx`` and
-    ``sqla_jobs_job_keyed_idx``, one descent per queue), with running jobs
+    with pending jobs (loose index scans of ``sqla_jobs_job_claim_idx``,
+    ``sqla_jobs_job_keyed_idx`` and ``sqla_jobs_job_rated_idx``, one descent per queue), with running jobs
     (``sqla_jobs_job_running_idx``: a handful of rows), whose jobs finished in the last 7 days
     as far as ``sqla_jobs_throughput`` keeps them (its primary key's leading ``minute``), of a
     schedule's last job (primary-key probes), or served by a live worker (``expires_at`` not
     passed); not those known only by their row in ``sqla_jobs_queue``. Dead and cancelled jobs older than the throughput
     counts are not read: the job table has no index that finds their queues. No locks."""
     unkeyed = _distinct_pending(
-        "pending_queues", (job.c.state == PENDING, job.c.concurrency_key.is_(None))
+        "pending_queues",
+        (job.c.state == PENDING, job.c.concurrency_key.is_(None), job.c.rate_key.is_(None)),
     )
     keyed = _distinct_pending(
-        "keyed_queues", (job.c.state == PENDING, job.c.concurrency_key.is_not(None))
+        "keyed_queues",
+        (job.c.state == PENDING, job.c.concurrency_key.is_not(None), job.c.rate_key.is_(None)),
     )
+    rated = _distinct_pending("rated_queues", (job.c.state == PENDING, job.c.rate_key.is_not(None)))
     served = func.unnest(registry.c.queues).table_valued("queue").render_derived("served")
     every = union(
         select(unkeyed.c.queue).where(unkeyed.c.queue.is_not(None)),
         select(keyed.c.queue).where(keyed.c.queue.is_not(None)),
+        select(rated.c.queue).where(rated.c.queue.is_not(None)),
         select(job.c.queue).where(job.c.state == RUNNING),
         select(throughput.c.queue).where(
             throughput.c.minute >= func.now() - KNOWN_THROUGHPUT_WINDOW

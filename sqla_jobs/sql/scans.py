@@ -16,11 +16,14 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     ColumnElement,
+    Float,
     Select,
     Text,
     and_,
     bindparam,
     case,
+    cast,
+    false,
     func,
     literal_column,
     or_,
@@ -72,16 +75,37 @@ def due_head(run_at: ColumnElement[Any]) -> ColumnElement[bool]:
     return run_at <= func.now()
 
 
-def unkeyed_in(queue: ColumnElement[str]) -> tuple[ColumnElement[bool], ...]:
-    """``queue``'s pending unkeyed jobs, as ``sqla_jobs_job_claim_idx`` holds them."""
+def unkeyed_in(
+    queue: ColumnElement[str], *, rated: bool = False
+) -> tuple[ColumnElement[bool], ...]:
+    """``queue``'s pending unkeyed jobs without a rate limit, as ``sqla_jobs_job_claim_idx``
+    holds them; ``rated``: with the rate limited ones too (a test's inline runs, which ignore
+    rate limits; no index holds them all)."""
     # The claim index's predicate first, then its leading column.
-    return (job.c.state == PENDING, job.c.concurrency_key.is_(None), job.c.queue == queue)
+    return (
+        job.c.state == PENDING,
+        job.c.concurrency_key.is_(None),
+        *_unrated(rated),
+        job.c.queue == queue,
+    )
 
 
-def keyed_in(queue: ColumnElement[str]) -> tuple[ColumnElement[bool], ...]:
-    """``queue``'s pending keyed jobs, as ``sqla_jobs_job_keyed_idx`` holds them."""
+def keyed_in(queue: ColumnElement[str], *, rated: bool = False) -> tuple[ColumnElement[bool], ...]:
+    """``queue``'s pending keyed jobs without a rate limit, as ``sqla_jobs_job_keyed_idx`` holds
+    them; ``rated``: as in :func:`unkeyed_in`."""
     # The keyed index's predicate first, then its leading column.
-    return (job.c.state == PENDING, job.c.concurrency_key.is_not(None), job.c.queue == queue)
+    return (
+        job.c.state == PENDING,
+        job.c.concurrency_key.is_not(None),
+        *_unrated(rated),
+        job.c.queue == queue,
+    )
+
+
+def _unrated(rated: bool) -> tuple[ColumnElement[bool], ...]:
+    # Rate limited jobs are the rate limited claim's (sqla_jobs.sql.rate_limits): in the index
+    # predicates, so the plain and keyed claims never scan past due jobs a limit holds.
+    return () if rated else (job.c.rate_key.is_(None),)
 
 
 def priority_heads(
@@ -89,6 +113,7 @@ def priority_heads(
     first_where: tuple[ColumnElement[bool], ...] = (),
     *,
     nesting: bool = False,
+    rated: bool = False,
 ) -> Any:
     """The distinct priorities of ``queue``'s pending unkeyed jobs, ascending, each with the
     ``run_at`` of its first job (``due`` when that has passed), as a recursive CTE.
@@ -97,7 +122,7 @@ def priority_heads(
     entry past the previous priority, so the cost is one probe per priority present, whatever
     the number of jobs behind each (PostgreSQL before 18 cannot skip through an index itself).
     """
-    unkeyed = unkeyed_in(queue)
+    unkeyed = unkeyed_in(queue, rated=rated)
     columns = (job.c.priority, job.c.run_at, due_head(job.c.run_at).label("due"))
     order = (job.c.priority, job.c.run_at, job.c.id)
     # correlate_except: ``queue`` may be a column of an enclosing query (the poll's queue list).
@@ -156,6 +181,7 @@ def key_heads(
     is_due: HeadTest,
     first_where: tuple[ColumnElement[bool], ...] = (),
     nesting: bool = False,
+    rated: bool = False,
 ) -> Any:
     """Each key's head among ``queue``'s pending keyed jobs (those ``filters`` keep), in key order,
     as a recursive CTE of (concurrency_key, priority, run_at, id, due); ``due`` is ``is_due`` of
@@ -171,7 +197,7 @@ def key_heads(
     columns = (key, priority, job.c.run_at, job.c.id, is_due(job.c.run_at).label("due"))
     first = (
         select(*columns)
-        .where(*keyed_in(queue), *filters, *first_where)
+        .where(*keyed_in(queue, rated=rated), *filters, *first_where)
         .order_by(*order)
         .limit(ONE)
         .correlate_except(job)
@@ -181,7 +207,7 @@ def key_heads(
     after = (
         select(*columns)
         .where(
-            *keyed_in(queue),
+            *keyed_in(queue, rated=rated),
             *filters,
             tuple_(key, priority) > tuple_(heads.c.concurrency_key, past),
         )
@@ -206,9 +232,11 @@ def lock_keys() -> Select[tuple[str]]:
     return _lock_keys((), due_head)
 
 
-def _lock_keys(filters: tuple[ColumnElement[bool], ...], is_due: HeadTest) -> Select[tuple[str]]:
+def _lock_keys(
+    filters: tuple[ColumnElement[bool], ...], is_due: HeadTest, rated: bool = False
+) -> Select[tuple[str]]:
     queue = bindparam("queue", type_=Text)
-    heads = key_heads(queue, filters, is_due, (not_paused(),))
+    heads = key_heads(queue, filters, is_due, (not_paused(),), rated=rated)
     # Lock only the keys we may claim this round (a fence again): a filter evaluated over every
     # head would lock keys we then leave, starving other workers of them for no reason.
     candidates = (
@@ -231,36 +259,59 @@ def lock_keys_for_testing() -> Select[tuple[str]]:
     ``delayed``)."""
     # The selection is a filter on every step (not an index bound): a step then lands on the
     # first selected entry of a key, its head. Fine for a test's few rows.
-    return _lock_keys(due_for_testing(), lambda _: true())
+    return _lock_keys(due_for_testing(), lambda _: true(), rated=True)
 
 
-def claimable_queues() -> Select[tuple[str]]:
-    """Which of ``queues`` have a job a claim could take now: the idle poll of a worker serving
-    several queues, one statement for all of them; its claims then go only to those queues.
+def claimable_queues() -> Select[tuple[str, bool, float | None]]:
+    """Which of ``queues`` have a job a claim could take now, and how long until the next one
+    becomes claimable: the idle poll of a worker, one statement for all its queues.
 
-    A queue is listed when it is not paused and it has a due unkeyed job, or (with ``keyed``) a
-    due keyed job, whether or not its key has room (the keyed claim decides). Locks nothing;
-    returns the queues in the order given. Loose index scans of ``sqla_jobs_job_claim_idx`` and
-    ``sqla_jobs_job_keyed_idx`` (:func:`priority_heads`, :func:`key_heads`) that stop at the first
-    due job: per queue with nothing due, one descent per priority (and per key of its keyed
-    jobs), however many jobs are scheduled for later.
+    One row per queue not paused, in the order given: (queue, due, wait). ``due``: it has a due
+    unkeyed job, or (with ``keyed``) a due keyed job, whether or not its key has room (the keyed
+    claim decides). ``wait``: seconds, by the database's clock, until its first unkeyed job not
+    due yet (always > 0; NULL if none): the worker sleeps until then. A paused queue, and keyed
+    jobs (their key may be at its limit then), are left out of it, so a worker never wakes for a
+    time already past. Locks nothing. Loose index scans of ``sqla_jobs_job_claim_idx`` and
+    ``sqla_jobs_job_keyed_idx`` (:func:`priority_heads`, :func:`key_heads`): per queue, one
+    descent per priority present (two for a priority with due jobs), and per key of its keyed
+    jobs, however many jobs are scheduled for later.
     """
     queues = bindparam("queues", type_=ARRAY(Text))
     wanted = func.unnest(queues).table_valued("queue", with_ordinality="n").render_derived("wanted")
     queue = wanted.c.queue
-    unkeyed = priority_heads(queue, nesting=True)
-    keyed = key_heads(queue, (), due_head, nesting=True)
-    return (
-        select(queue)
-        .where(
-            not_paused(queue),
-            or_(
-                select(literal_column("1")).select_from(unkeyed).where(unkeyed.c.due).exists(),
-                and_(
-                    bindparam("keyed", type_=Boolean),
-                    select(literal_column("1")).select_from(keyed).where(keyed.c.due).exists(),
-                ),
-            ),
+    lines = priority_heads(queue, nesting=True)
+    # A line whose first job is due: its first job still to come is one more descent away.
+    later = (
+        select(job.c.run_at)
+        .where(*unkeyed_in(queue), job.c.priority == lines.c.priority, job.c.run_at > func.now())
+        .order_by(job.c.run_at, job.c.id)
+        .limit(ONE)
+        .correlate_except(job)
+        .scalar_subquery()
+    )
+    unkeyed = (
+        select(
+            func.bool_or(lines.c.due).label("due"),
+            func.min(case((lines.c.due, later), else_=lines.c.run_at)).label("next_at"),
         )
+        .select_from(lines)
+        .lateral("unkeyed")
+    )
+    keyed = key_heads(queue, (), due_head, nesting=True)
+    due = func.coalesce(
+        or_(
+            unkeyed.c.due,
+            and_(
+                bindparam("keyed", type_=Boolean),
+                select(literal_column("1")).select_from(keyed).where(keyed.c.due).exists(),
+            ),
+        ),
+        false(),
+    )
+    wait = cast(func.extract("epoch", unkeyed.c.next_at - func.now()), Float)
+    return (
+        select(queue, due.label("due"), wait.label("wait"))
+        .select_from(wanted.join(unkeyed, true()))
+        .where(not_paused(queue))
         .order_by(wanted.c.n)
     )

@@ -24,6 +24,7 @@ from sqlalchemy import (
     cast,
     func,
     literal_column,
+    null,
 )
 from sqlalchemy.dialects.postgresql import JSONB, UUID
 from sqlalchemy.dialects.postgresql import dialect as _pg_dialect
@@ -35,6 +36,7 @@ from sqla_jobs.model import (
     Job,
     JobHistory,
     QueueState,
+    RateLimiter,
     RegisteredWorker,
     Schedule,
     ThroughputMinute,
@@ -65,6 +67,7 @@ __all__ = [
     "RUNNING",
     "append_error",
     "fenced",
+    "given_back",
     "held_pairs",
     "history",
     "history_table_name",
@@ -72,6 +75,7 @@ __all__ = [
     "job",
     "job_table_name",
     "queue_state",
+    "rate_limiter",
     "registry",
     "requested_run_at",
     "schedule",
@@ -89,6 +93,7 @@ queue_state = typing.cast(Table, QueueState.__table__)
 schedule = typing.cast(Table, Schedule.__table__)
 registry = typing.cast(Table, RegisteredWorker.__table__)
 throughput = typing.cast(Table, ThroughputMinute.__table__)
+rate_limiter = typing.cast(Table, RateLimiter.__table__)
 
 PENDING: ColumnElement[str] = literal_column("'pending'")
 RUNNING: ColumnElement[str] = literal_column("'running'")
@@ -141,6 +146,22 @@ def fenced(held: Any) -> ColumnElement[bool]:
     # new one, and one claim's id must not pair with the other claim's token. A nested loop over
     # the pairs, each a primary-key lookup.
     return and_(job.c.id == held.c.id, job.c.lease_token == held.c.token)
+
+
+def given_back(interrupted: ColumnElement[Any] | int) -> dict[str, Any]:
+    """The values of a job given back unfinished (a release, an orphan after an outage): pending
+    at its old place in line, lease cleared, the claim's attempt undone (neither a failure nor a
+    crash), ``interruptions`` grown by ``interrupted``; ``cancelled`` if its cancel was asked."""
+    cancelled = job.c.cancel_requested_at.is_not(None)
+    return {
+        "state": case((cancelled, CANCELLED), else_=PENDING),
+        "finished_at": case((cancelled, func.now()), else_=null()),
+        "attempts": func.greatest(job.c.attempts - 1, 0),
+        "interruptions": job.c.interruptions + interrupted,
+        "lease_token": null(),
+        "lease_expires_at": null(),
+        "locked_by": null(),
+    }
 
 
 def requested_run_at() -> ColumnElement[object]:

@@ -5,6 +5,8 @@ a clock the test moves forward without sleeping. The testing claims themselves a
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -19,7 +21,10 @@ from sqlalchemy import (
 )
 
 from sqla_jobs.model import (
+    DEPENDENCY_TABLE,
+    OUTCOME_TABLE,
     Job,
+    JobOutcome,
 )
 from sqla_jobs.sql.tables import (
     ONE_MICROSECOND,
@@ -29,8 +34,10 @@ from sqla_jobs.sql.tables import (
 
 __all__ = [
     "WRITTEN_HERE",
+    "count_unsettled",
     "due_for_testing",
     "find_pending_for_testing",
+    "settle_dependencies",
     "this_test",
 ]
 
@@ -89,3 +96,22 @@ def find_pending_for_testing() -> Select[Job]:
         )
         .order_by(job.c.id)
     )
+
+
+def count_unsettled() -> Select[Any]:
+    """How many parents that ended in this transaction have children not settled yet (their
+    outcome is ``unsettled`` until the deferred trigger runs). Served by the partial index
+    ``sqla_jobs_outcome_unsettled_idx``: a handful of rows, no locks."""
+    outcome = JobOutcome.__table__
+    return select(func.count()).select_from(outcome).where(outcome.c.unsettled)
+
+
+def settle_dependencies(schema: str | None) -> tuple[str, str]:
+    """Two statements that run the dependency triggers deferred to commit now, then defer them
+    again: a test's transaction never commits, so without them no child is ever released or
+    cancelled, nor its edges recounted. The second statement keeps the rest of the transaction
+    as a commit would see it (a child's check must follow the statement trigger that gives it
+    its first state)."""
+    q = "" if schema is None else f'"{schema}".'
+    names = f"{q}{OUTCOME_TABLE}_settle, {q}{DEPENDENCY_TABLE}_check"
+    return f"SET CONSTRAINTS {names} IMMEDIATE", f"SET CONSTRAINTS {names} DEFERRED"

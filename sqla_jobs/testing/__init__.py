@@ -250,6 +250,11 @@ def run_jobs(
     thread, in that transaction: one claim per queue (``queues``, default: the registered kinds'
     queues) of up to ``limit`` jobs, keyed jobs within their concurrency limits.
 
+    Job dependencies run in order in one call: the test's transaction never commits, so the
+    triggers a commit would run are run before the first pass and after each pass that ended a
+    parent (its children released, or cancelled if it ended dead or cancelled), and another pass
+    runs the released ones, until a pass ends no parent.
+
     Which jobs: those ``session``'s transaction wrote, in it or in one of its savepoints (every
     due job it can see with ``all_jobs``); due now, or within ``until`` (a ``timedelta`` or
     seconds: time moved forward without sleeping), or at any time with ``include_delayed``.

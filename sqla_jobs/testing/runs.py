@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import json
 import threading
 import uuid
 from collections.abc import Awaitable, Callable
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Connection
 from sqlalchemy.orm import Session
 
-from sqla_jobs._outcome import Outcome, failed, resolve, snoozed
+from sqla_jobs._outcome import Outcome, encode_result, failed, resolve, snoozed
 from sqla_jobs.context import ClaimedJob, JobContext, Snooze
 from sqla_jobs.errors import ConfigurationError, LeaseLostError
 from sqla_jobs.jobs import Jobs
@@ -33,6 +34,7 @@ from sqla_jobs.kinds import Kind
 from sqla_jobs.model import JobState
 from sqla_jobs.sql import claim as claim_sql
 from sqla_jobs.sql import scans as scans_sql
+from sqla_jobs.sql import testing as testing_sql
 from sqla_jobs.sql.compiled import Compiled, WorkerSQL, compile_statement
 from sqla_jobs.worker.writes import outcome_statement
 
@@ -106,6 +108,8 @@ class _SQL:
         self.claim = compile_statement(claim_sql.claim_for_testing(), schema)
         self.lock_keys = compile_statement(scans_sql.lock_keys_for_testing(), schema)
         self.claim_keyed = compile_statement(claim_sql.claim_keyed_for_testing(), schema)
+        self.unsettled = compile_statement(testing_sql.count_unsettled(), schema)
+        self.settle = testing_sql.settle_dependencies(schema)
 
 
 @functools.lru_cache(maxsize=8)
@@ -116,13 +120,41 @@ def _compiled(schema: str | None) -> _SQL:
 
 def run(jobs: Jobs, session: Session, scope: Scope, shell: Shell) -> RunResult:
     """Claim the jobs ``scope`` selects, run their handlers, write their outcomes: all on
-    ``session``'s connection, inside its transaction."""
+    ``session``'s connection, inside its transaction. Passes over the queues until one ends no
+    parent: each settles the children of the parents it ended (as their commit would), so the
+    next pass runs those released, and a graph runs in dependency order in one call."""
     selection = scope.params()
     sql = _compiled(jobs.schema)
     result = RunResult()
     session.flush()
     conn = session.connection()
     runner = _Runner(jobs, conn, sql.worker, shell, result)
+    # The edges the test enqueued are checked as their commit would: a parent may have ended.
+    _settle(conn, sql)
+    while _one_pass(jobs, session, scope, selection, sql, runner, result):
+        if not _execute(conn, sql.unsettled).scalar():
+            break
+        _settle(conn, sql)
+    return result
+
+
+def _settle(conn: Connection, sql: _SQL) -> None:
+    for statement in sql.settle:
+        conn.exec_driver_sql(statement)
+
+
+def _one_pass(
+    jobs: Jobs,
+    session: Session,
+    scope: Scope,
+    selection: dict[str, Any],
+    sql: _SQL,
+    runner: _Runner,
+    result: RunResult,
+) -> bool:
+    """One claim per queue and its runs; whether it ran any job."""
+    conn = session.connection()
+    ran = False
     for queue in scope.queues or jobs.queues():
         claim = {"queue": queue, "limit": scope.limit, "lease": _LEASE, "worker": "testing"}
         rows = _execute(conn, sql.claim, **claim, **selection).all()
@@ -136,11 +168,14 @@ def run(jobs: Jobs, session: Session, scope: Scope, shell: Shell) -> RunResult:
             if error is not None:
                 result.errors.append(error)
                 if scope.raise_errors:
+                    # The children of a parent that just went dead are cancelled before it raises.
+                    _settle(conn, sql)
                     _expire(session)
                     raise error
         if rows:
+            ran = True
             _expire(session)
-    return result
+    return ran
 
 
 def _expire(session: Session) -> None:
@@ -174,7 +209,7 @@ class _Runner:
             self._write(resolved)
             return JobFailed(f"job {job.id} ({job.kind}): {resolved.error}")
         kind, args = resolved
-        ctx = JobContext.for_job(job, "testing", self._record)
+        ctx = JobContext.for_job(job, "testing", self._record, reader=self._parent_results)
         error: BaseException | None = None
         session = self._session_for(kind) if kind.wants_session else None
         try:
@@ -183,7 +218,8 @@ class _Runner:
             else:
                 value: Any = kind.handler(args, ctx)  # type: ignore[misc]
                 if inspect.isawaitable(value):
-                    self._shell.wait(value)
+                    value = self._shell.wait(value)
+                stored = encode_result(job.id, job.kind, value) if kind.options.results else None
         except Snooze as exc:
             outcome = snoozed(job, exc)
         except LeaseLostError as exc:
@@ -194,7 +230,7 @@ class _Runner:
             outcome, error = failed(job, kind, exc), exc
         else:
             if session is None:
-                _execute(self._conn, self._sql.complete, ids=[job.id], token=job.lease_token)
+                self._complete(self._conn, job, stored)
             self._result.done += 1
             return None
         self._write(outcome)
@@ -228,11 +264,10 @@ class _Runner:
         try:
             value = handler(args, ctx, given)
             if inspect.isawaitable(value):
-                self._shell.wait(value)
+                value = self._shell.wait(value)
+            stored = encode_result(job.id, job.kind, value) if kind.options.results else None
             session.flush()
-            done = _execute(
-                session.connection(), self._sql.complete, ids=[job.id], token=job.lease_token
-            ).first()
+            done = self._complete(session.connection(), job, stored).first()
             if done is None:
                 raise LeaseLostError(
                     f"job {job.id}: lease lost before its completion; the handler's writes "
@@ -255,17 +290,38 @@ class _Runner:
         else:
             self._result.failed += 1
 
+    def _complete(self, conn: Connection, job: ClaimedJob, stored: str | None) -> Any:
+        # The worker's completion; with the result, for a kind that stores one.
+        if stored is None:
+            return _execute(conn, self._sql.complete, ids=[job.id], token=job.lease_token)
+        return _execute(
+            conn,
+            self._sql.complete_with_results,
+            ids=[job.id],
+            token=job.lease_token,
+            results=[stored],
+        )
+
+    def _parent_results(self, job_id: int) -> dict[int, Any]:
+        """``ctx.parent_results``: read on the test's connection."""
+        rows = self._run(self._sql.parent_results, {"child": job_id}).all()
+        return {row[0]: json.loads(row[1]) for row in rows}
+
     def _record(self, job_id: int, token: uuid.UUID, name: str, value: str) -> bool:
         """Record a durable step on the test's connection (the worker's recorder, inline)."""
         compiled = self._sql.record_step
         params = compiled.params(id=job_id, token=token, name=name, value=value)
+        return self._run(compiled, params).first() is not None
+
+    def _run(self, compiled: Compiled, params: dict[str, Any]) -> Any:
         shell = self._shell
         if shell.async_conn is not None and threading.get_ident() != self._thread:
             # ``ctx.astep`` records from a thread, where the greenlet that lets this code drive
             # the async driver is not: run the statement on the loop, which waits for us.
             assert shell.loop is not None
             future = asyncio.run_coroutine_threadsafe(
-                shell.async_conn.exec_driver_sql(compiled.sql, params), shell.loop
+                shell.async_conn.exec_driver_sql(compiled.sql, compiled.params(**params)),
+                shell.loop,
             )
-            return future.result().first() is not None
-        return self._conn.exec_driver_sql(compiled.sql, params).first() is not None
+            return future.result()
+        return self._conn.exec_driver_sql(compiled.sql, compiled.params(**params))

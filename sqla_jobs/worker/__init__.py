@@ -12,7 +12,8 @@ The threads (:mod:`~sqla_jobs.worker.services` starts them, each with a connecti
 the listener (:mod:`~sqla_jobs.worker.listener`, which also makes an idle worker's next claim,
 :mod:`~sqla_jobs.worker.handoff`), the heartbeats (:mod:`~sqla_jobs.worker.leases`), the reaper
 (:mod:`~sqla_jobs.worker.reaper`), the pruner (:mod:`~sqla_jobs.worker.pruner`), and the
-scheduler of :mod:`sqla_jobs.periodic`. :mod:`~sqla_jobs.worker.shutdown` is the graceful stop.
+scheduler of :mod:`sqla_jobs.periodic`. :mod:`~sqla_jobs.worker.startup` waits for a primary and runs the checks
+before the threads start; :mod:`~sqla_jobs.worker.shutdown` is the graceful stop.
 
 Imports everything below it (observe, the facade, periodic, enqueue, db, sql); never the CLI, the
 dashboard or ``sqla_jobs.testing``.

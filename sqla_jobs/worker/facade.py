@@ -34,27 +34,26 @@ from typing import TYPE_CHECKING
 from sqla_jobs._outcome import HandlerTimeout
 from sqla_jobs.context import ClaimedJob
 from sqla_jobs.db.connections import Connector
-from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.db.urls import hosts_without_primary, libpq_conninfo
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.periodic.scheduler import Scheduler
 from sqla_jobs.retention import DEFAULT_RETENTION, Retention
 from sqla_jobs.sql.compiled import WorkerSQL
 from sqla_jobs.worker.config import WorkerConfig, WorkerSeams, check_config
-from sqla_jobs.worker.fetch import FetchLoop
 from sqla_jobs.worker.handoff import Handoff
 from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.lanes import Lanes
 from sqla_jobs.worker.leases import LeaseKeeper
 from sqla_jobs.worker.listener import Listener
 from sqla_jobs.worker.monitor import Monitor
-from sqla_jobs.worker.parts import build_parts
+from sqla_jobs.worker.parts import Parts, build_parts
 from sqla_jobs.worker.prefetch import Prefetch
 from sqla_jobs.worker.pruner import Pruner
 from sqla_jobs.worker.reaper import Reaper
 from sqla_jobs.worker.services import start_threads, stop_thread
-from sqla_jobs.worker.session_checks import check_sessions
 from sqla_jobs.worker.session_runs import AnyMaker, SessionRuns
 from sqla_jobs.worker.shutdown import shutdown
+from sqla_jobs.worker.startup import StartChecks, Startup
 from sqla_jobs.worker.wakeups import Wakeups
 
 if TYPE_CHECKING:
@@ -169,6 +168,8 @@ class Worker:
             long_transaction=long_transaction,
         )
         check_config(self.config, jobs)
+        if (hosts := hosts_without_primary(database_url)) is not None:
+            log.warning("%s", hosts, extra={"event": "url_hosts"})
         self.jobs = jobs
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._seams = seams or WorkerSeams()
@@ -264,28 +265,27 @@ class Worker:
                 loop.add_signal_handler(sig, self._on_signal, sig)
         if self.config.schedules and self.jobs.schedules:
             self.scheduler = Scheduler(self.jobs, self.connector)
+        checks = StartChecks(
+            jobs=self.jobs,
+            queues=self.config.queues,
+            scheduler=self.scheduler,
+            sessions=self.sessions,
+            monitor=self.monitor,
+            build=lambda: self._build(wakeups),
+        )
         try:
             # First: a metrics port that is taken stops the worker before it connects.
             self.monitor.open(wakeups, self.holdings)
-            if self.scheduler is not None:
-                # Before any thread starts: a role that may not enqueue stops the worker, named.
-                await asyncio.to_thread(self.scheduler.check)
-            if self.sessions is not None:
-                queues = self.config.queues
-                handled = [k for k in self.jobs if k.wants_session and k.options.queue in queues]
-                await check_sessions(self.sessions, handled)
-            fetch = self._build(wakeups)
-            assert self.lanes is not None
-            await self.monitor.join(await self.lanes.connection(self.lanes.lanes[0]))
+            started = await Startup(self.connector, wakeups).run(checks.run, checks.undo)
         except BaseException:
-            await self.monitor.close(None)
-            if self.lanes is not None:
-                await self.lanes.close()
-            if self.scheduler is not None:
-                self.scheduler.engine.dispose()
-            if self.sessions is not None:
-                await self.sessions.close()
+            await checks.close()
             raise
+        if not started:
+            await checks.close()
+            log.info("worker %s stopped before it started", self.name, extra={"event": "stopped"})
+            return self._exit_code
+        fetch = self._fetch
+        assert self.lanes is not None
         self._start_threads()
         self.monitor.start()
         log.info(
@@ -329,7 +329,7 @@ class Worker:
         log.info("worker %s stopped: %s", self.name, said, extra={"event": "stopped"})
         return self._exit_code
 
-    def _build(self, wakeups: Wakeups) -> FetchLoop:
+    def _build(self, wakeups: Wakeups) -> Parts:
         """The worker's parts on the event loop, wired to one another."""
         if self.jobs.hooks.reads_meta and not self._sql.meta:
             # Decided at start, from the hooks registered by then: only a worker with a
@@ -356,7 +356,8 @@ class Worker:
             parts.slots,
             parts.handoff,
         )
-        return parts.fetch
+        self._fetch = parts.fetch
+        return parts
 
     def _start_threads(self) -> None:
         assert self.wakeups is not None

@@ -13,11 +13,13 @@ import time
 
 import psycopg
 
-from sqla_jobs.db.connections import CONNECTION_ERRORS, Reconnects
+from sqla_jobs.db.connections import Reconnects, reconnect_delay, should_reconnect
+from sqla_jobs.enqueue.payloads import HORIZON
 from sqla_jobs.worker.config import WorkerConfig
 from sqla_jobs.worker.handoff import Handoff
 from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.lanes import Lane, Lanes
+from sqla_jobs.worker.orphans import Orphans
 from sqla_jobs.worker.prefetch import Prefetch
 from sqla_jobs.worker.slots import Slots
 from sqla_jobs.worker.wakeups import Wakeups
@@ -30,6 +32,8 @@ FLUSH_DELAY = 0.05
 BUFFER_MAX_WAIT = 1.0
 #: A lane other than the first sleeps until woken, or this long (seconds).
 _IDLE_LANE_WAIT = 3600.0
+#: Seconds added to the time a delayed job becomes due, for the wait until then.
+START_MARGIN = 0.001
 
 
 class FetchLoop:
@@ -45,6 +49,7 @@ class FetchLoop:
         prefetch: Prefetch,
         wakeups: Wakeups,
         handoff: Handoff | None,
+        orphans: Orphans | None = None,
     ) -> None:
         self._config = config
         self._holdings = holdings
@@ -53,9 +58,16 @@ class FetchLoop:
         self._prefetch = prefetch
         self._wakeups = wakeups
         self._handoff = handoff
-        #: The wakeup count when the polling floor last fired: the claim it causes asks
-        #: Lanes.claimable first, unless a wakeup came since (a NOTIFY claims as it always did).
-        self._polled: int | None = None
+        self._orphans = orphans
+        #: The wakeup count when the poll last fired (the floor, or a delayed job's time): the
+        #: claim it causes asks Lanes.claimable first, which also tells when the next delayed job
+        #: is due; it claims only the queues listed, unless a wakeup came since.
+        #: The first claim polls too: a worker learns at once when the jobs it finds delayed
+        #: become due.
+        self._polled: int | None = wakeups.count
+        #: The idle poll's period: the poll interval, but at least as often as enqueue announces
+        #: delayed jobs ahead (HORIZON), or one due within a longer interval could be missed.
+        self._poll_every = min(config.poll_interval, HORIZON)
 
     async def run(self) -> None:
         """Run every lane's loop until stopped; an unexpected error in one stops them all (after
@@ -80,28 +92,39 @@ class FetchLoop:
 
     async def _loop(self, lane: Lane) -> None:
         wakeups = self._wakeups
-        reconnects = Reconnects("database connection", "conn_lost")
+        reconnects = Reconnects("claim connection", "conn_lost")
+        refused = 0
         while not wakeups.stopping:
             wakeups.event.clear()
             self._slots.fill()
             try:
+                trips = lane.trips
                 progressed = await self._step(lane)
-                reconnects.ok()
-            except CONNECTION_ERRORS as exc:
-                delay = reconnects.lost(exc)
-                await self._lanes.close(lane)
-                await wakeups.sleep(delay)
-                if lane.index == 0:
-                    try:
-                        await self._lanes.connection(lane)
-                    except CONNECTION_ERRORS:
-                        pass
-                continue
+                reconnects.ok(lane.conn, used=lane.trips != trips)
+                refused = 0
             except psycopg.Error as exc:
+                if should_reconnect(exc):
+                    if self._orphans is not None:
+                        self._orphans.due = True
+                    delay = reconnects.lost(exc)
+                    await self._lanes.close(lane)
+                    await wakeups.sleep(delay)
+                    if lane.index == 0:
+                        try:
+                            await self._lanes.connection(lane)
+                        except psycopg.Error as again:
+                            if not should_reconnect(again):
+                                raise
+                    continue
                 # Not a lost connection (a claim the server refused): keep the worker alive,
-                # and try again after a pause rather than in a busy loop.
-                delay = reconnects.lost(exc)
-                log.exception("claim failed", extra={"event": "claim_failed"})
+                # and try again after a pause rather than in a busy loop. The traceback once per
+                # run of refusals, not at every retry.
+                refused += 1
+                delay = reconnect_delay(refused)
+                if refused == 1:
+                    log.exception("claim failed", extra={"event": "claim_failed"})
+                else:
+                    log.debug("claim failed again: %s", exc, extra={"event": "claim_failed"})
                 await wakeups.sleep(delay)
                 continue
             self._slots.fill()
@@ -118,11 +141,8 @@ class FetchLoop:
             await wakeups.sleep(self._wait_seconds())
             if self._handoff is not None:
                 self._handoff.unpark()
-            if (
-                wakeups.drained
-                and time.monotonic() - wakeups.last_claim >= self._config.poll_interval
-            ):
-                wakeups.drained = False  # the polling floor
+            if self._poll_due(time.monotonic()) and wakeups.drained:
+                wakeups.drained = False  # the polling floor, or a delayed job's time
                 self._polled = wakeups.count
 
     def _room(self) -> int:
@@ -135,9 +155,22 @@ class FetchLoop:
             return max(0.0, holdings.finished_since + FLUSH_DELAY - time.monotonic())
         if holdings.buffer:
             return max(0.0, holdings.buffered_at + BUFFER_MAX_WAIT - time.monotonic())
-        if wakeups.drained:
-            return max(0.0, wakeups.last_claim + self._config.poll_interval - time.monotonic())
-        return self._config.poll_interval
+        now = time.monotonic()
+        # Not drained, yet nothing to do now: the slots are full, or the other lane's claim holds
+        # the room. Its end wakes the loop, but a start known to come sooner is kept all the same.
+        until = wakeups.last_claim + self._poll_every if wakeups.drained else now + self._poll_every
+        if wakeups.next_start is not None:
+            until = min(until, wakeups.next_start)
+        return max(0.0, until - now)
+
+    def _poll_due(self, now: float) -> bool:
+        """Whether a drained worker polls now: the polling floor is due, or the next start it
+        knows of has come (consumed, drained or not: the probe finds the one after it)."""
+        wakeups = self._wakeups
+        if wakeups.next_start is not None and now >= wakeups.next_start:
+            wakeups.next_start = None
+            return True
+        return now - wakeups.last_claim >= self._poll_every
 
     async def _step(self, lane: Lane) -> bool:
         """Write outcomes and/or claim on ``lane``, when worth a round trip; True if it claimed a
@@ -145,6 +178,8 @@ class FetchLoop:
         wakeups, holdings = self._wakeups, self._holdings
         if lane.index > wakeups.in_flight:
             return False  # the lanes before it are free: theirs to do
+        if self._orphans is not None and self._orphans.due and self._may_give_back(lane):
+            await self._give_back_orphans(lane)
         room = self._room()
         want_claim = self.want_claim(room)
         now = time.monotonic()
@@ -162,6 +197,7 @@ class FetchLoop:
             stale = holdings.take_buffer()
             try:
                 await self._lanes.release(stale, lane)
+                lane.trips += 1
             except BaseException:
                 holdings.restore_buffer(stale)
                 raise
@@ -174,23 +210,53 @@ class FetchLoop:
         limit = min(room, limit) if want_claim else 0
         count = wakeups.count
         claimed = await self._lanes.write_and_claim(limit, lane, queues)
+        lane.trips += 1
         if want_claim:
             wakeups.last_claim = time.monotonic()
             # Fewer than asked: the queue is empty for now. But a wakeup that arrived while the
             # claim was in flight may announce a job committed after the claim's snapshot.
             wakeups.drained = claimed < limit and wakeups.count == count
+            if lane.index and claimed < limit:
+                # Lane 0 may have slept through that wakeup, or through a start this claim
+                # learned, for want of the room this claim held: it decides again now.
+                wakeups.event.set()
         return want_claim and not wakeups.drained
+
+    def _may_give_back(self, lane: Lane) -> bool:
+        """Whether no claim is in flight: every job claimed so far is in the holdings."""
+        handoff = self._handoff
+        return (
+            lane.index == 0
+            and not self._wakeups.in_flight
+            and not (handoff is not None and handoff.thread_claim)
+        )
+
+    async def _give_back_orphans(self, lane: Lane) -> None:
+        assert self._orphans is not None
+        wakeups = self._wakeups
+        # Every lane counts as busy meanwhile: no claim starts, and lane 0 does not park.
+        busy = len(self._lanes.lanes)
+        wakeups.in_flight += busy
+        try:
+            await self._orphans.release(await self._lanes.connection(lane))
+            lane.trips += 1
+        finally:
+            wakeups.in_flight -= busy
 
     async def _probe(self, lane: Lane) -> list[str] | None:
         """For the poll: the queues with something to claim (an empty list: none, and the
         worker is drained again); None to claim every queue (a wakeup came since the poll)."""
         wakeups = self._wakeups
         polled, self._polled = self._polled, None
-        if wakeups.count != polled or not self._lanes.probes:
-            return None
-        queues = await self._lanes.claimable(lane)
+        # Even after a wakeup: the probe is also how the worker learns when the next delayed job
+        # becomes due (on the database's clock), and a poll must not lose that.
+        queues, wait = await self._lanes.claimable(lane)
+        lane.trips += 1
+        if wait is not None:
+            # A millisecond late rather than early: the loop's timer may fire a little early.
+            wakeups.start_by(time.monotonic() + wait + START_MARGIN)
         if wakeups.count != polled:
-            return None  # a NOTIFY came while the probe was in flight
+            return None  # a NOTIFY came since the poll: claim every queue, as it always did
         if not queues:
             wakeups.last_claim = time.monotonic()
             wakeups.drained = True

@@ -136,7 +136,10 @@ class Holdings:
         if self.cancelling:
             self.cancelling.discard(job.id)
         if outcome is not None:
-            self.finish(outcome, now)
+            # finish(), inline: once per job.
+            if not self.finished:
+                self.finished_since = now
+            self.finished.append(outcome)
         if self.deferred:
             ready = [j for j in self.deferred if j.id == job.id]
             if ready:

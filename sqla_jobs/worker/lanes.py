@@ -15,17 +15,23 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 
 from sqla_jobs.context import ClaimedJob
-from sqla_jobs.db.connections import CONNECTION_ERRORS, AsyncConn, Connector, aclose_quietly
+from sqla_jobs.db.connections import (
+    AsyncConn,
+    Connector,
+    aclose_quietly,
+    should_reconnect,
+)
 from sqla_jobs.sql.catalog import IMMEDIATE_CONSTRAINTS
 from sqla_jobs.sql.compiled import WorkerSQL
 from sqla_jobs.worker.config import WorkerConfig
 from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.leases import held_params
+from sqla_jobs.worker.rated import RatedClaim
 from sqla_jobs.worker.wakeups import Wakeups
 from sqla_jobs.worker.writes import OutcomeWriter
 
@@ -42,6 +48,8 @@ class Lane:
     index: int
     conn: AsyncConn | None = None
     claimed: int = 0
+    #: Round trips that worked on it (its reconnect policy tells them from idle steps).
+    trips: int = 0
     #: The job table has deferred triggers (an application's DEFERRABLE INITIALLY DEFERRED
     #: foreign key to it): each write pipeline makes them immediate first. Looked up at connect.
     immediate: bool = False
@@ -60,6 +68,7 @@ class Lanes:
         wakeups: Wakeups,
         counts: dict[str, int],
         keyed: bool,
+        rated: RatedClaim | None = None,
     ) -> None:
         self._connector = connector
         self._sql = sql
@@ -68,15 +77,13 @@ class Lanes:
         self._wakeups = wakeups
         self._counts = counts
         self._keyed = keyed
+        self._rated = rated
         self._lease = timedelta(seconds=config.lease)
         self._writer = OutcomeWriter(sql, config.keep_history, counts)
         #: Counts and logs a completion its handler's transaction committed.
         self.committed = self._writer.committed
         self.lanes = [Lane(i) for i in range(LANES if config.concurrency > 1 else 1)]
         self._queue_turn = 0
-        #: The idle poll asks :meth:`claimable` first: a claim per queue (and a keyed claim's
-        #: transaction) costs more than the one probe. A lone unkeyed queue's claim is its own.
-        self.probes = len(config.queues) > 1 or keyed
 
     async def connection(self, lane: Lane) -> AsyncConn:
         """``lane``'s connection, opened if it has none."""
@@ -110,15 +117,25 @@ class Lanes:
             **self._holdings.crash_params(),
         )
 
-    async def claimable(self, lane: Lane) -> list[str]:
+    async def claimable(self, lane: Lane) -> tuple[list[str], float | None]:
         """The worker's queues that have a job to claim now (not paused; keyed jobs counted when
-        the worker runs keyed kinds), in one statement on ``lane``. Reads only; locks nothing."""
+        the worker runs keyed kinds), and the seconds until the next of their unkeyed jobs becomes
+        due (None if none), in one statement on ``lane``. Reads only; locks nothing."""
         conn = await self.connection(lane)
         probe = self._sql.claimable_queues
         cur = await conn.execute(
             probe.sql, probe.params(queues=list(self._config.queues), keyed=self._keyed)
         )
-        return [str(row[0]) for row in await cur.fetchall()]
+        queues: list[str] = []
+        waits: list[float] = []
+        for queue, due, wait in await cur.fetchall():
+            # With rate limited kinds, every queue: the rate limited claim itself finds out
+            # whether a limiter has room (a poll's cost, never a busy loop).
+            if due or self._rated is not None:
+                queues.append(str(queue))
+            if wait is not None:
+                waits.append(float(cast(float, wait)))
+        return queues, min(waits, default=None)
 
     async def write_and_claim(
         self, limit: int, lane: Lane | None = None, queues: list[str] | None = None
@@ -155,6 +172,11 @@ class Lanes:
                         if lane.immediate:
                             await conn.execute(IMMEDIATE_CONSTRAINTS)
                         sent = await self._writer.send(conn, batch)
+                        if not lane.immediate:
+                            # Children these outcomes release (job dependencies) are settled
+                            # now, all at once, so this claim can take them: the NOTIFY of
+                            # their release reaches the other workers only at the commit.
+                            await conn.execute(IMMEDIATE_CONSTRAINTS)
                         claim_cur = await self._claim(conn, first, limit)
                 else:
                     # Nothing to write (an idle worker woken by a NOTIFY): a lone claim, without
@@ -162,7 +184,7 @@ class Lanes:
                     sent = ([], [], [])
                     claim_cur = await self._claim(conn, first, limit)
             except psycopg.Error as exc:
-                if isinstance(exc, CONNECTION_ERRORS) or not batch:
+                if should_reconnect(exc) or not batch:
                     raise
                 # Not a lost connection: one write of the batch failed, and with it the whole
                 # pipeline (the claim too). Write each outcome on its own.
@@ -201,6 +223,15 @@ class Lanes:
                 if claimed >= limit:
                     break
                 claimed += await self._claim_keyed(conn, queue, limit - claimed)
+        if self._rated is not None:
+            for queue in queues:
+                # Only for slots free now, never into the prefetch buffer: a buffered job given
+                # back after waiting for a slot would have spent its start for nothing.
+                free = self._config.concurrency - len(holdings.running) - len(holdings.buffer)
+                free = min(limit - claimed, free - len(holdings.deferred))
+                if free <= 0:
+                    break
+                claimed += await self._rated.claim(conn, queue, free, self.claim_params)
         self._counts["claimed"] += claimed
         lane.claimed += claimed
         if holdings.give_back:

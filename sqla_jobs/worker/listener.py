@@ -25,6 +25,7 @@ import psycopg
 from psycopg import sql
 
 from sqla_jobs.db.connections import Connector, Reconnects, close_quietly, serve
+from sqla_jobs.enqueue.payloads import parse_due
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -36,7 +37,9 @@ OnNotify = Callable[[Connection, list[str]], None]
 
 class Listener(threading.Thread):
     """Listen on ``channel``; call ``on_notify`` for notifications naming one of ``queues`` and after
-    every (re)connect. Reconnects with capped exponential backoff until :meth:`stop`."""
+    every (re)connect, and ``on_due`` with the seconds of a ``due`` notification for one of them
+    (:mod:`~sqla_jobs.enqueue.payloads`). Reconnects with capped exponential backoff until
+    :meth:`stop`."""
 
     def __init__(
         self,
@@ -50,6 +53,7 @@ class Listener(threading.Thread):
         max_backoff: float = 5.0,
         cancel_channel: str | None = None,
         on_cancel: Callable[[list[int]], None] | None = None,
+        on_due: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__(name=f"sqla-jobs-listen-{connector.worker}", daemon=True)
         self._connector = connector
@@ -58,6 +62,7 @@ class Listener(threading.Thread):
         self._on_notify = on_notify
         self._cancel_channel = cancel_channel
         self._on_cancel = on_cancel
+        self._on_due = on_due
         self._check_interval = check_interval
         self._check_timeout = check_timeout
         self._max_backoff = max_backoff
@@ -119,6 +124,15 @@ class Listener(threading.Thread):
             # A statement the server never acknowledges (a half-open connection) fails after this.
             tcp_user_timeout=int(self._check_timeout * 1000),
         )
+        # The claim this connection makes when woken (worker.handoff) commits without waiting for
+        # its WAL flush: the handler's first commit, or the job's outcome, flushes it anyway (WAL
+        # is flushed in order); only a server crash before either loses it, and the job, pending
+        # again, runs again, as after any crash.
+        try:
+            conn.execute("SET synchronous_commit = off")
+        except BaseException:
+            close_quietly(conn)
+            raise
         conn.add_notify_handler(self._note)
         return conn
 
@@ -129,6 +143,11 @@ class Listener(threading.Thread):
                 self._on_cancel(ids)
         elif note.payload in self._queues:
             self._notes.append(note.payload)
+        elif self._on_due is not None:
+            # Any other payload (a form of a later release, a stray NOTIFY) is ignored.
+            due = parse_due(note.payload)
+            if due is not None and due[0] in self._queues:
+                self._on_due(due[1])
 
     def _listen(self) -> float:
         """Connect, LISTEN, and act on notifications until stopped (then 0: no pause before the
@@ -145,7 +164,7 @@ class Listener(threading.Thread):
         if self._reconnects.failures or self.connects:
             log.info("LISTEN connection re-established", extra={"event": "listener_back"})
         # Connected again: the next loss starts the backoff over, however many came before.
-        self._reconnects.ok()
+        self._reconnects.ok(conn)
         self.connected.set()
         self.connects += 1
         # A selector, not select(): a descriptor past FD_SETSIZE (an application with a thousand
@@ -171,6 +190,7 @@ class Listener(threading.Thread):
             if left <= 0:
                 # A quiet period: prove the connection is alive (see tcp_user_timeout).
                 conn.execute("SELECT 1")
+                self._reconnects.ok(conn)
                 quiet_since = time.monotonic()
                 continue
             ready = selector.select(left)
@@ -178,6 +198,8 @@ class Listener(threading.Thread):
                 # Straight from libpq: no query runs on this connection now, and its notification
                 # handler (_note) is what psycopg would call for them.
                 pgconn.consume_input()
+                # The server spoke: the connection works (a later loss is news, not an echo).
+                self._reconnects.ok(conn)
                 while (raw := pgconn.notifies()) is not None:
                     if pgconn.notify_handler is not None:
                         pgconn.notify_handler(raw)

@@ -18,7 +18,9 @@ from sqla_jobs.worker.fetch import FetchLoop
 from sqla_jobs.worker.handoff import Handoff
 from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.lanes import Lanes
+from sqla_jobs.worker.orphans import Orphans
 from sqla_jobs.worker.prefetch import Prefetch
+from sqla_jobs.worker.rated import RatedClaim, RatedKinds
 from sqla_jobs.worker.session_runs import SessionRuns
 from sqla_jobs.worker.slots import Slots
 from sqla_jobs.worker.steps import StepWriter
@@ -52,7 +54,12 @@ def build_parts(
     observer: Observer | None = None,
 ) -> Parts:
     """The parts, wired to one another (the hand-off only with ``config.listen``)."""
-    steps = StepWriter(connector, sql.record_step)
+    steps = StepWriter(connector, sql.record_step, sql.parent_results)
+    rated_claim = None
+    # Only a worker that runs rate limited kinds runs the rate limited claim.
+    rated = RatedKinds.of(jobs)
+    if rated is not None:
+        rated_claim = RatedClaim(sql=sql, rated=rated, holdings=holdings, wakeups=wakeups)
     lanes = Lanes(
         connector=connector,
         sql=sql,
@@ -61,6 +68,7 @@ def build_parts(
         wakeups=wakeups,
         counts=counts,
         keyed=keyed,
+        rated=rated_claim,
     )
     slots = Slots(
         jobs=jobs,
@@ -70,6 +78,7 @@ def build_parts(
         prefetch=prefetch,
         wakeups=wakeups,
         recorder=steps,
+        reader=steps.parent_results,
         lanes=len(lanes.lanes),
         stuck_grace=config.stuck_grace,
         on_stuck=on_stuck,
@@ -87,7 +96,8 @@ def build_parts(
             prefetch=prefetch,
             wakeups=wakeups,
             counts=counts,
-            keyed=keyed,
+            # The loop has its own claims to make after the thread's: keyed or rate limited.
+            keyed=keyed or rated is not None,
             fill=slots.fill,
         )
     fetch = FetchLoop(
@@ -98,6 +108,9 @@ def build_parts(
         prefetch=prefetch,
         wakeups=wakeups,
         handoff=handoff,
+        orphans=Orphans(
+            sql=sql, worker=connector.worker, holdings=holdings, wakeups=wakeups, counts=counts
+        ),
     )
     slots.loop_has_work = fetch.has_work
     return Parts(steps=steps, lanes=lanes, slots=slots, handoff=handoff, fetch=fetch)

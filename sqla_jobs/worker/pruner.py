@@ -36,16 +36,18 @@ from datetime import timedelta
 import psycopg
 
 from sqla_jobs.db.connections import (
-    CONNECTION_ERRORS,
     Conn,
     Connector,
     Reconnects,
     close_quietly,
     serve,
+    should_reconnect,
 )
 from sqla_jobs.model import JobState
 from sqla_jobs.retention import Retention
+from sqla_jobs.sql import limiters as limiters_sql
 from sqla_jobs.sql import maintenance as maintenance_sql
+from sqla_jobs.sql import workflows as workflows_sql
 from sqla_jobs.sql.compiled import compile_statement
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -57,8 +59,15 @@ REST = 9.0
 BATCH = 1000
 #: The key of the history rows in a run's counts.
 HISTORY = "history"
+#: The key of the recorded outcomes of parents (job dependencies) in a run's counts: kept as
+#: long as dead jobs.
+OUTCOMES = "outcomes"
+#: The key of the dependency edges of children gone from the job table in a run's counts.
+EDGES = "edges"
 #: The key of the per-minute throughput rows in a run's counts.
 THROUGHPUT = "throughput"
+#: The key of the idle rate limiters in a run's counts.
+RATE_LIMITERS = "rate_limiters"
 _COMPLETED = JobState.COMPLETED.value
 #: "Key (id)=(42) is still referenced from table ...": a foreign key of the application's.
 _REFERENCED = re.compile(r"Key \(id\)=\((\d+)\)")
@@ -74,6 +83,9 @@ class PruneSQL:
         self.prune_history = compile_statement(maintenance_sql.prune_history(), schema)
         self.count_history = compile_statement(maintenance_sql.count_prunable_history(), schema)
         self.prune_throughput = compile_statement(maintenance_sql.prune_throughput(), schema)
+        self.prune_outcomes = compile_statement(workflows_sql.prune_outcomes(), schema)
+        self.prune_edges = compile_statement(workflows_sql.prune_edges(), schema)
+        self.prune_rate_limiters = compile_statement(limiters_sql.prune_rate_limiters(), schema)
         self.try_lock = compile_statement(maintenance_sql.try_lock_pruner(), schema)
         self.unlock = compile_statement(maintenance_sql.unlock_pruner(), schema)
 
@@ -105,6 +117,16 @@ def prune(
     for state, keep in older_than.items():
         if keep is not None:
             counts[state] = _prune_jobs(conn, sql, state, _us(keep), batch, stopping, rest)
+    dead = older_than.get(JobState.DEAD.value)
+    if dead is not None:
+        counts[OUTCOMES] = _drain(
+            conn,
+            sql.prune_outcomes.sql,
+            sql.prune_outcomes.params(older_than_us=_us(dead), limit=batch),
+            batch,
+            stopping,
+            rest,
+        )
     # History last: a role that may not delete from it (docs/roles.md) still prunes the job table.
     keep = older_than.get(_COMPLETED)
     if keep is not None:
@@ -224,6 +246,9 @@ class Pruner(threading.Thread):
         self.skipped = 0
         self.failed = 0
         self.pruned = 0
+        #: The role may not delete rate limiters (its grants predate them): not tried again.
+        #: The side tables this worker's role may not prune (granted before they existed).
+        self._refused: set[str] = set()
 
     def stop(self) -> None:
         """Ask the thread to stop after the current batch and exit."""
@@ -233,14 +258,20 @@ class Pruner(threading.Thread):
         if self._stop_event.wait(random.uniform(0, self._interval)):
             return
         reconnects = Reconnects("pruner connection", "prune_conn_lost")
-        serve(self._stop_event, self._step, reconnects, close=self._close)
+        serve(
+            self._stop_event,
+            self._step,
+            reconnects,
+            close=self._close,
+            current=lambda: self._conn,
+        )
 
     def _step(self) -> float:
         try:
             self.prune_once()
-        except CONNECTION_ERRORS:
-            raise
         except psycopg.Error as exc:
+            if should_reconnect(exc):
+                raise
             # A refused privilege (a worker role without DELETE on history), a statement timeout:
             # logged, tried again next interval; the worker itself carries on.
             self.failed += 1
@@ -262,6 +293,26 @@ class Pruner(threading.Thread):
     def _close(self) -> None:
         conn, self._conn = self._conn, None
         close_quietly(conn)
+
+    def _prune_side(self, conn: Conn, name: str, what: str, table: str) -> int:
+        """One batch of rows of a side table that nothing needs any more (``name``: its counts
+        key and statement); a role not granted DELETE on ``table`` says so once, and the rest of
+        the pruning goes on."""
+        if name in self._refused:
+            return 0
+        stmt = getattr(self._sql, f"prune_{name}")
+        try:
+            return int(conn.execute(stmt.sql, stmt.params(limit=BATCH)).rowcount)
+        except psycopg.errors.InsufficientPrivilege as exc:
+            self._refused.add(name)
+            log.warning(
+                "cannot prune %s (%s); grant DELETE on %s",
+                what,
+                str(exc).splitlines()[0],
+                table,
+                extra={"event": f"{name}_refused"},
+            )
+            return 0
 
     def prune_once(self) -> dict[str, int] | None:
         """One run: the rows deleted, or None if another worker is pruning."""
@@ -285,6 +336,16 @@ class Pruner(threading.Thread):
                 # Minutes no worker writes any more: one short delete, nothing waits on it.
                 params = self._sql.prune_throughput.params(older_than_us=_us(keep))
                 counts[THROUGHPUT] = conn.execute(self._sql.prune_throughput.sql, params).rowcount
+            if not self._stop_event.is_set():
+                # Limiters idle for a whole window (a by= key seen once) limit nothing, and a
+                # key's next claim makes its row again; an edge is dead weight once its child
+                # has left the job table.
+                counts[RATE_LIMITERS] = self._prune_side(
+                    conn, RATE_LIMITERS, "idle rate limiters", "sqla_jobs_rate_limiter"
+                )
+                counts[EDGES] = self._prune_side(
+                    conn, EDGES, "the edges of children gone", "sqla_jobs_dependency"
+                )
         finally:
             conn.execute(self._sql.unlock.sql, self._sql.unlock.params(**key))
         self.runs += 1

@@ -23,7 +23,7 @@ from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.leases import LeaseKeeper
 from sqla_jobs.worker.listener import Listener
 from sqla_jobs.worker.pruner import Pruner
-from sqla_jobs.worker.reaper import Reaper
+from sqla_jobs.worker.reaper import Reaper, reap_grace
 from sqla_jobs.worker.wakeups import Wakeups
 
 
@@ -85,6 +85,7 @@ def start_threads(
         channel=channel,
         beat=None if monitor is None else monitor.beat,
         on_reaped=None if monitor is None else monitor.on_reaped,
+        grace=reap_grace(config.lease, config.heartbeat_seconds),
     )
     reaper.start()
     pruner = None
@@ -105,6 +106,7 @@ def start_threads(
             handoff.on_notify,
             cancel_channel=cancel_channel,
             on_cancel=cancel_from_thread,
+            on_due=wakeups.start_by_from_thread,
         )
         listener.start()
     return leases, reaper, pruner, listener

@@ -33,13 +33,15 @@ from sqlalchemy.ext.asyncio import (
 )
 from sqlalchemy.orm import Session, sessionmaker
 
-from sqla_jobs._outcome import HandlerTimeout
+from sqla_jobs._outcome import HandlerTimeout, encode_result
 from sqla_jobs.context import ClaimedJob, JobContext
+from sqla_jobs.db.failover import failover_safe
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.errors import ConfigurationError, LeaseLostError
 from sqla_jobs.kinds import Kind
 from sqla_jobs.sql import catalog as catalog_sql
 from sqla_jobs.sql import outcomes as outcomes_sql
+from sqla_jobs.sql import results as results_sql
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -95,7 +97,13 @@ class SessionRuns:
         self._complete = (
             outcomes_sql.complete_into_history() if keep_history else outcomes_sql.complete()
         )
+        self._complete_results = (
+            results_sql.complete_into_history_with_results()
+            if keep_history
+            else results_sql.complete_with_results()
+        )
         self._keep = outcomes_sql.keep_completed_in_session()
+        self._keep_result = results_sql.keep_completed_with_result()
         #: Whether a foreign key may refuse the DELETE (then it runs in a savepoint).
         self.savepoint = False
         #: Whether such a key is checked only at commit: then checked at the DELETE instead, so
@@ -106,14 +114,18 @@ class SessionRuns:
 
     def sync_maker(self) -> sessionmaker[Session]:
         if self._sync is None:
-            engine = create_engine(sqlalchemy_url(self.url), pool_size=self._pool_size)
+            engine = failover_safe(
+                create_engine(sqlalchemy_url(self.url), pool_size=self._pool_size)
+            )
             self._owned.append(engine)
             self._sync = sessionmaker(engine)
         return self._sync
 
     def async_maker(self) -> async_sessionmaker[AsyncSession]:
         if self._async is None:
-            engine = create_async_engine(sqlalchemy_url(self.url), pool_size=self._pool_size)
+            engine = failover_safe(
+                create_async_engine(sqlalchemy_url(self.url), pool_size=self._pool_size)
+            )
             self._owned.append(engine)
             self._async = async_sessionmaker(engine)
         return self._async
@@ -142,9 +154,9 @@ class SessionRuns:
                 completed = False
                 try:
                     with session.begin():
-                        handler(args, ctx, session)
+                        value = handler(args, ctx, session)
                         _check_deadline(ctx)
-                        self._complete_sync(session, job)
+                        self._complete_sync(session, job, _result(kind, job, value))
                         completed = True
                 except IntegrityError as exc:
                     if completed:  # at the commit: a check deferred to it refused
@@ -162,10 +174,10 @@ class SessionRuns:
             completed = False
             try:
                 async with session.begin():
-                    result = handler(args, ctx, session)
-                    if inspect.isawaitable(result):
-                        await result
-                    await self._complete_async(session, job)
+                    value = handler(args, ctx, session)
+                    if inspect.isawaitable(value):
+                        value = await value
+                    await self._complete_async(session, job, _result(kind, job, value))
                     completed = True
             except IntegrityError as exc:
                 if completed:
@@ -185,44 +197,54 @@ class SessionRuns:
 
     # -- the completion ------------------------------------------------------------------------------
 
-    def _params(self, job: ClaimedJob) -> dict[str, Any]:
-        return {"ids": [job.id], "token": job.lease_token}
+    def _statement(self, job: ClaimedJob, result: str | None) -> tuple[Any, dict[str, Any]]:
+        # The completion and its parameters: with the result, for a kind that stores one.
+        if result is None:
+            return self._complete, {"ids": [job.id], "token": job.lease_token}
+        return self._complete_results, {
+            "ids": [job.id],
+            "token": job.lease_token,
+            "results": [result],
+        }
 
-    def _complete_sync(self, session: Session, job: ClaimedJob) -> None:
-        params = self._params(job)
+    def _keeping(
+        self, job: ClaimedJob, exc: IntegrityError, stored: str | None
+    ) -> tuple[Any, dict[str, Any]]:
+        # The job kept ``completed`` instead; with its result, for a kind that stores one.
+        if stored is None:
+            return self._keep, _keep_params(job, exc)
+        return self._keep_result, {**_keep_params(job, exc), "result": stored}
+
+    def _complete_sync(self, session: Session, job: ClaimedJob, stored: str | None) -> None:
+        complete, params = self._statement(job, stored)
         if self.deferred:
             session.execute(_IMMEDIATE)
         if not self.savepoint:
             try:
-                row = session.execute(
-                    self._complete, params, execution_options=self._options
-                ).first()
+                row = session.execute(complete, params, execution_options=self._options).first()
             except IntegrityError as exc:
                 self.savepoint = True
                 raise CompletionRefused(_refused(exc)) from None
         else:
             try:
                 with session.begin_nested():
-                    row = session.execute(
-                        self._complete, params, execution_options=self._options
-                    ).first()
+                    row = session.execute(complete, params, execution_options=self._options).first()
             except IntegrityError as exc:
-                row = session.execute(
-                    self._keep, _keep_params(job, exc), execution_options=self._options
-                ).first()
+                keep, params = self._keeping(job, exc, stored)
+                row = session.execute(keep, params, execution_options=self._options).first()
                 _log_kept(job, exc, row)
         if row is None:
             raise LeaseLostError(_lost(job))
 
-    async def _complete_async(self, session: AsyncSession, job: ClaimedJob) -> None:
-        params = self._params(job)
+    async def _complete_async(
+        self, session: AsyncSession, job: ClaimedJob, stored: str | None
+    ) -> None:
+        complete, params = self._statement(job, stored)
         if self.deferred:
             await session.execute(_IMMEDIATE)
         if not self.savepoint:
             try:
-                result = await session.execute(
-                    self._complete, params, execution_options=self._options
-                )
+                result = await session.execute(complete, params, execution_options=self._options)
             except IntegrityError as exc:
                 self.savepoint = True
                 raise CompletionRefused(_refused(exc)) from None
@@ -231,17 +253,22 @@ class SessionRuns:
             try:
                 async with session.begin_nested():
                     result = await session.execute(
-                        self._complete, params, execution_options=self._options
+                        complete, params, execution_options=self._options
                     )
                     row = result.first()
             except IntegrityError as exc:
-                result = await session.execute(
-                    self._keep, _keep_params(job, exc), execution_options=self._options
-                )
+                keep, params = self._keeping(job, exc, stored)
+                result = await session.execute(keep, params, execution_options=self._options)
                 row = result.first()
                 _log_kept(job, exc, row)
         if row is None:
             raise LeaseLostError(_lost(job))
+
+
+def _result(kind: Kind, job: ClaimedJob, value: object) -> str | None:
+    # Encoded inside the transaction: a result that cannot be stored rolls the handler's
+    # writes back with the run (ResultError).
+    return encode_result(job.id, job.kind, value) if kind.options.results else None
 
 
 def _check_deadline(ctx: JobContext) -> None:

@@ -25,12 +25,14 @@ from sqla_jobs._outcome import (
     HandlerTimeout,
     Outcome,
     cancelled,
+    completed,
     describe,
+    encode_result,
     failed,
     resolve,
     snoozed,
 )
-from sqla_jobs.context import ClaimedJob, JobContext, Recorder, Snooze
+from sqla_jobs.context import ClaimedJob, JobContext, Recorder, ResultsReader, Snooze
 from sqla_jobs.errors import LeaseLostError
 from sqla_jobs.hooks import run_middleware
 from sqla_jobs.jobs import Jobs
@@ -71,6 +73,7 @@ class Slots:
         sessions: SessionRuns | None = None,
         committed: Callable[[Outcome], None] | None = None,
         observer: Observer | None = None,
+        reader: ResultsReader | None = None,
     ) -> None:
         self._jobs = jobs
         self._worker = worker
@@ -85,6 +88,7 @@ class Slots:
         self._sessions = sessions
         self._committed = committed
         self._observer = observer
+        self._reader = reader
         #: Whether a job's end gives the fetch loop something to do (set by the worker: the fetch
         #: loop is built after the slots).
         self.loop_has_work: Callable[[], bool] = lambda: True
@@ -95,6 +99,8 @@ class Slots:
         self._is_async: dict[Any, bool] = {}
         self._runners: SyncRunners | None = None
         self._overrun = Overruns(holdings, stuck_grace, on_stuck)
+        #: The kinds with a rate limit: the end of one of their jobs frees a slot to claim for.
+        self._limited = frozenset(k.name for k in jobs if k.options.rate_limit is not None)
 
     def fill(self) -> None:
         """Give the buffered jobs to free slots. One task per slot rather than per job: creating
@@ -124,8 +130,7 @@ class Slots:
                 if job.id in running:
                     holdings.defer(job)  # claimed again while its older run runs here
                     continue
-                holdings.buffered_at = time.monotonic()
-                await self.run(job, task)
+                await self.run(job, task)  # sets holdings.buffered_at
                 ran += 1
                 # Handlers that never await would hold the loop for the whole buffer: yield when
                 # the fetch loop has a round trip to start, and every few jobs (which also lets a
@@ -142,15 +147,17 @@ class Slots:
         resolved = resolve(self._jobs, job)
         ready = resolved.__class__ is tuple
         timeout = resolved[0].options.timeout if ready else None  # type: ignore[index]
-        ctx = JobContext.for_job(job, self._worker, self._recorder, timeout)
+        ctx = JobContext.for_job(job, self._worker, self._recorder, timeout, self._reader)
         self._holdings.running[job.id] = (job, ctx, task)
-        started = time.monotonic()
+        self._holdings.buffered_at = started = time.monotonic()
         observer = self._observer
         if observer is not None:
             observer.started(job, started)
         outcome: Outcome | None = None
         error: BaseException | None = None
         hooks = self._jobs.hooks
+        is_async = self._is_async
+        limited = self._limited
         try:
             if not ready:
                 outcome = resolved  # type: ignore[assignment]
@@ -160,11 +167,23 @@ class Slots:
                     if hooks.middlewares:
                         # Hook call site: the chain around the call; skipped (one test) without.
                         ctx._read_meta(job)
-                        call = functools.partial(self._call, kind, args, job, ctx, True)
+                        returned: list[Any] = []
+                        call = functools.partial(self._call, kind, args, job, ctx, True, returned)
                         await run_middleware(hooks.middlewares, ctx, call)
+                        result = returned[0] if returned else None
+                    elif timeout is None and not kind.wants_session and is_async.get(kind.handler):
+                        # The common case inline, one coroutine frame fewer per job.
+                        result = await kind.handler(args, ctx)  # type: ignore[misc]
+                        if result is not None and inspect.isawaitable(result):
+                            result = await result
                     else:
-                        await self._call(kind, args, job, ctx)
-                    outcome = Outcome(job, committed=kind.wants_session)
+                        result = await self._call(kind, args, job, ctx)
+                    # A Session's handler stored its result in its own transaction.
+                    if kind.options.results and not kind.wants_session:
+                        stored = encode_result(job.id, job.kind, result)
+                        outcome = completed(job, result=stored)
+                    else:
+                        outcome = completed(job, committed=kind.wants_session)
                     if self._holdings.cancelling and job.id in self._holdings.cancelling:
                         outcome.cancel_ignored = True
                         log.warning(
@@ -197,7 +216,7 @@ class Slots:
                     if job.id in self._holdings.cancelling:
                         outcome = cancelled(job, f"the handler stopped: {describe(exc)}")
                     else:
-                        outcome = failed(job, kind, exc)
+                        outcome = failed(job, kind, exc, in_session=kind.wants_session)
         finally:
             now = time.monotonic()
             self._prefetch.observe(now - started)
@@ -210,10 +229,12 @@ class Slots:
             else:
                 self._holdings.end(job, outcome, now)
             wakeups = self._wakeups
-            if job.concurrency_key is not None:
-                # Its key has room again: look for the key's next job without waiting for a poll.
+            if job.concurrency_key is not None or (limited and job.kind in limited):
+                # Its key has room again, or a slot a rate limited job may take (those are
+                # claimed only for free slots): look again without waiting for a poll.
                 wakeups.undrain()
-            if wakeups.stopping or self.loop_has_work():
+            # Set already (most jobs of a busy worker end so): no need to ask the fetch loop.
+            if wakeups.stopping or (not wakeups.event.is_set() and self.loop_has_work()):
                 wakeups.event.set()
             if outcome is not None and hooks.outcome_hooks:
                 hooks._report(outcome, error)  # hook call site; never raises
@@ -259,10 +280,17 @@ class Slots:
         self._wakeups.event.set()
 
     async def _call(
-        self, kind: Kind, args: Any, job: ClaimedJob, ctx: JobContext, wrapped: bool = False
-    ) -> None:
+        self,
+        kind: Kind,
+        args: Any,
+        job: ClaimedJob,
+        ctx: JobContext,
+        wrapped: bool = False,
+        returned: list[Any] | None = None,
+    ) -> Any:
         """Run the handler (``wrapped``: inside middleware, whose context variables a sync
-        handler's thread then gets too)."""
+        handler's thread then gets too); returns what it returned (also appended to
+        ``returned``, for a call inside middleware, which drops return values)."""
         handler = kind.handler
         assert handler is not None
         is_async = self._is_async.get(handler)
@@ -271,7 +299,7 @@ class Slots:
         timeout = kind.options.timeout
         if kind.wants_session:
             await self._session_call(kind, args, job, ctx, is_async, wrapped)
-            return
+            return None
         if is_async:
             call: Any = handler(args, ctx)
             if timeout is None:
@@ -294,7 +322,10 @@ class Slots:
             finally:
                 future.cancel()  # cancelled at shutdown: the runner drops the result
         if result is not None and inspect.isawaitable(result):
-            await result
+            result = await result
+        if returned is not None:
+            returned.append(result)
+        return result
 
     async def _session_call(
         self,

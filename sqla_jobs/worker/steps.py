@@ -8,10 +8,14 @@ another worker now owns.
 
 from __future__ import annotations
 
+import json
 import queue
 import uuid
+from typing import Any, cast
 
-from sqla_jobs.db.connections import CONNECTION_ERRORS, Conn, Connector
+import psycopg
+
+from sqla_jobs.db.connections import Conn, Connector, should_reconnect
 from sqla_jobs.sql.compiled import Compiled
 
 
@@ -21,25 +25,41 @@ class StepWriter:
     Sync handlers call it from their threads; async handlers through ``asyncio.to_thread``.
     """
 
-    def __init__(self, connector: Connector, statement: Compiled) -> None:
+    def __init__(
+        self, connector: Connector, statement: Compiled, parents: Compiled | None = None
+    ) -> None:
         self._connector = connector
         self._statement = statement
+        self._parents = parents
         self._idle: queue.LifoQueue[Conn] = queue.LifoQueue()
 
     def __call__(self, job_id: int, token: uuid.UUID, name: str, value_json: str) -> bool:
         """Record ``name = value_json`` on the job; False if the lease is no longer ours."""
         params = self._statement.params(id=job_id, token=token, name=name, value=value_json)
+        return bool(self._run(self._statement.sql, params))
+
+    def parent_results(self, job_id: int) -> dict[int, Any]:
+        """The stored results of job ``job_id``'s parents (``ctx.parent_results``), on the same
+        small pool."""
+        assert self._parents is not None
+        rows = self._run(self._parents.sql, self._parents.params(child=job_id))
+        return {cast(int, row[0]): json.loads(cast(str, row[1])) for row in rows}
+
+    def _run(self, sql: str, params: Any) -> list[Any]:
+        """``sql``'s rows on a pooled connection; once more on a fresh one if it was lost."""
         for attempt in (1, 2):
             conn = self._take()
             try:
-                row = conn.execute(self._statement.sql, params).fetchone()
-            except CONNECTION_ERRORS:
+                rows = conn.execute(sql, params).fetchall()
+            except psycopg.Error as exc:
+                if not should_reconnect(exc):
+                    raise
                 conn.close()
                 if attempt == 2:
                     raise
                 continue
             self._idle.put(conn)
-            return row is not None
+            return rows
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _take(self) -> Conn:

@@ -8,6 +8,7 @@ handlers' threads reach the loop only through :meth:`Wakeups.call_soon` and
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +32,22 @@ class Wakeups:
         self.last_claim = 0.0
         #: A wakeup from another thread is on its way to the loop (it coalesces the next ones).
         self.pending = False
+        #: time.monotonic() of the next start this worker could make that nothing will announce
+        #: (a delayed job coming due): a drained worker sleeps until then at most, then polls.
+        #: Any part lowers it (:meth:`start_by`); the fetch loop consumes it when it passes.
+        self.next_start: float | None = None
+
+    def start_by(self, when: float) -> None:
+        """Something may become claimable at ``when`` (time.monotonic()): make sure the fetch loop
+        looks then. On the loop only."""
+        if self.next_start is None or when < self.next_start:
+            self.next_start = when
+            # The loop re-arms its sleep with the earlier time.
+            self.event.set()
+
+    def start_by_from_thread(self, seconds: float) -> None:
+        """:meth:`start_by` ``seconds`` from now, from another thread."""
+        self.call_soon(self.start_by, time.monotonic() + seconds)
 
     def undrain(self) -> None:
         """Something may be claimable now: the next turn claims."""

@@ -17,7 +17,7 @@ from typing import Any
 import psycopg
 
 from sqla_jobs._outcome import Outcome, fail_params
-from sqla_jobs.db.connections import CONNECTION_ERRORS, AsyncConn
+from sqla_jobs.db.connections import AsyncConn, should_reconnect
 from sqla_jobs.sql.compiled import WorkerSQL
 from sqla_jobs.worker.leases import pg_array
 
@@ -98,6 +98,9 @@ class OutcomeWriter:
     def __init__(self, sql: WorkerSQL, keep_history: bool, counts: dict[str, int]) -> None:
         self._sql = sql
         self._complete = sql.complete_into_history if keep_history else sql.complete
+        self._complete_results = (
+            sql.complete_into_history_with_results if keep_history else sql.complete_with_results
+        )
         self._counts = counts
         self._successes = SuccessLog()
 
@@ -107,18 +110,38 @@ class OutcomeWriter:
         """Send ``batch``'s writes (in a pipeline nothing is read until it ends); returns what
         :meth:`read` needs."""
         # One completion per claim (usually one or two in a batch): each is exact on its token.
-        claims: dict[uuid.UUID, list[int]] = {}
+        # Keyed by the token's int: UUID's own hash and equality are Python calls, per job.
+        claims: dict[int, tuple[uuid.UUID, list[int]]] = {}
+        # Jobs of kinds that store results: their own statement per claim, the rest unchanged.
+        with_results: dict[int, tuple[uuid.UUID, list[int], list[str]]] = {}
         others = []
         for o in batch:
             if o.error is None and o.snooze_us is None:
-                claims.setdefault(o.job.lease_token, []).append(o.job.id)
+                job = o.job
+                token = job.lease_token
+                if o.result is not None:
+                    held = with_results.get(token.int)
+                    if held is None:
+                        held = with_results[token.int] = (token, [], [])
+                    held[1].append(job.id)
+                    held[2].append(o.result)
+                    continue
+                claim = claims.get(token.int)
+                if claim is None:
+                    claim = claims[token.int] = (token, [])
+                claim[1].append(job.id)
             else:
                 others.append(o)
         complete = self._complete
         done_curs = [
             await conn.execute(complete.sql, complete.params(ids=pg_array(ids), token=token))
-            for token, ids in claims.items()
+            for token, ids in claims.values()
         ]
+        if with_results:
+            complete = self._complete_results
+            for token, ids, results in with_results.values():
+                params = complete.params(ids=pg_array(ids), token=token, results=results)
+                done_curs.append(await conn.execute(complete.sql, params))
         other_curs = [(o, await conn.execute(*outcome_statement(self._sql, o))) for o in others]
         done = [o for o in batch if o.error is None and o.snooze_us is None]
         return done, done_curs, other_curs
@@ -148,7 +171,9 @@ class OutcomeWriter:
         for i, outcome in enumerate(batch):
             try:
                 await self._write_one(conn, outcome)
-            except CONNECTION_ERRORS:
+            except psycopg.Error as exc:
+                if not should_reconnect(exc):
+                    raise
                 return batch[i:]
         return []
 
@@ -158,9 +183,9 @@ class OutcomeWriter:
             sent, done_cur, fail_curs = await self.send(conn, [outcome])
             await self.read(sent, done_cur, fail_curs)
             return
-        except CONNECTION_ERRORS:
-            raise
         except psycopg.Error as exc:
+            if should_reconnect(exc):
+                raise
             error = exc
         if outcome.error is not None or outcome.snooze_us is not None:
             log.error(
@@ -174,15 +199,20 @@ class OutcomeWriter:
             )
             return
         reason = f"completed; not deleted: {type(error).__name__}: {error}".replace("\n", " ")
-        try:
-            cur = await conn.execute(
-                self._sql.keep_completed.sql,
-                self._sql.keep_completed.params(id=job.id, token=job.lease_token, error=reason),
+        if outcome.result is None:
+            keep = self._sql.keep_completed
+            params = keep.params(id=job.id, token=job.lease_token, error=reason)
+        else:  # the result stored in the same statement
+            keep = self._sql.keep_completed_with_result
+            params = keep.params(
+                job_id=job.id, token=job.lease_token, error=reason, result=outcome.result
             )
+        try:
+            cur = await conn.execute(keep.sql, params)
             kept = await cur.fetchone()
-        except CONNECTION_ERRORS:
-            raise
         except psycopg.Error as exc:
+            if should_reconnect(exc):
+                raise
             log.error(
                 "job %s (%s) succeeded, but its row can be neither deleted (%s) nor kept as "
                 "completed (%s): it will run again when its lease expires",
@@ -235,6 +265,17 @@ class OutcomeWriter:
                 job.kind,
                 outcome.error,
                 extra={"event": "cancelled", **extra},
+            )
+        elif outcome.lost is not None:
+            self._counts["snoozed"] += 1
+            log.warning(
+                "job %s (%s) met the database's outage (%s): back in the queue at %s, no attempt "
+                "charged",
+                job.id,
+                job.kind,
+                outcome.lost,
+                row[1],
+                extra={"event": "run_lost", **extra},
             )
         elif outcome.snooze_us is not None:
             self._counts["snoozed"] += 1

@@ -21,6 +21,7 @@ from tests.acceptance._processes import DEADLINE, REPO, WorkerProcess, cli_env, 
 from tests.acceptance.app import EFFECTS_TABLE, Work, jobs
 from tests.acceptance.test_cli import assert_one_line_error
 from tests.acceptance.test_cli_ops import snapshot
+from tests.integration.test_multi_host import multi_host_url
 
 #: ``hunter2@:/?#%' x``, URL-encoded: the characters a URL and a libpq connection string give
 #: meanings to. The test server trusts 127.0.0.1, so it is never checked: what is proved is that it
@@ -189,3 +190,23 @@ def test_asyncpgs_ssl_reaches_libpq_as_sslmode(ops_effects: Engine, migrated_url
     else:
         assert result.returncode == 3, result.stderr
         assert_one_line_error(result.stderr, "cannot reach the database", "SSL")
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=" ".join)
+def test_every_command_takes_a_multi_host_url_whose_first_host_refuses(
+    ops_effects: Engine, migrated_url: str, command: tuple[str, ...]
+) -> None:
+    """SQLAlchemy's ``?host=h1:5432&host=h2:5432&target_session_attrs=read-write``, the first
+    host closed: libpq goes on to the second, with no warning."""
+    result = run_cli(*command, database_url=multi_host_url(migrated_url))
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr
+
+
+def test_a_command_warns_about_several_hosts_without_target_session_attrs(
+    ops_effects: Engine, migrated_url: str
+) -> None:
+    result = run_cli("stats", database_url=multi_host_url(migrated_url, attrs=None))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("sqla-jobs: warning: the database URL names 2 hosts") == 1
+    assert "target_session_attrs=read-write" in result.stderr

@@ -68,7 +68,7 @@ def _keyed_claim(conn: Conn, queue: str, limit: int) -> list[tuple[int, str]]:
 
 def _probe(conn: Conn, queues: list[str], keyed: bool = True) -> list[str]:
     params = SQL.claimable_queues.params(queues=queues, keyed=keyed)
-    return [str(r[0]) for r in conn.execute(SQL.claimable_queues.sql, params)]
+    return [str(r[0]) for r in conn.execute(SQL.claimable_queues.sql, params) if r[1]]
 
 
 def test_claims_come_in_priority_then_fifo_order_past_scheduled_jobs(

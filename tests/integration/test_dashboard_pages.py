@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import re
+import socket
 
 import pytest
 from sqlalchemy import Engine, text
@@ -24,9 +25,14 @@ def ids_listed(page: str) -> list[int]:
 
 def test_queues_page_shows_depth_by_state_oldest_due_and_pause(clean: Engine) -> None:
     jobs = make_jobs()
-    mail = add_jobs(clean, jobs, 3)
+    mail = add_jobs(clean, jobs, 4)
     set_state(clean, mail[0], "dead")
     with clean.begin() as conn:
+        # A job waiting for its parents (job dependencies) has a column of its own.
+        conn.execute(
+            text("UPDATE sqla_jobs_job SET state = 'waiting', waiting_on = 1 WHERE id = :id"),
+            {"id": mail[3]},
+        )
         conn.execute(text("TRUNCATE sqla_jobs_queue"))
         conn.execute(text("UPDATE sqla_jobs_job SET run_at = now() - interval '5 minutes'"))
         conn.execute(text("INSERT INTO sqla_jobs_queue (queue, paused_at) VALUES ('idle', now())"))
@@ -49,7 +55,7 @@ def test_queues_page_shows_depth_by_state_oldest_due_and_pause(clean: Engine) ->
     )
     assert row, page.text
     cells = re.findall(r'<td class="num[^"]*">(?:<a [^>]*>)?(\d+)', row.group(1))
-    assert cells[:6] == ["2", "0", "1", "0", "0", "1"], "by state, then the live workers"
+    assert cells[:7] == ["2", "0", "1", "0", "0", "1", "1"], "by state, then the live workers"
     assert 'title="8 handler slots"' in row.group(1)
     assert "5.0m" in row.group(1), "the oldest due job's age"
     assert 'href="/jobs?queue=mail&amp;state=dead"' in row.group(1)
@@ -238,3 +244,21 @@ def test_every_response_forbids_framing_scripts_and_caching(clean: Engine, path:
     assert response.headers["referrer-policy"] == "same-origin"
     assert response.headers["cache-control"] == "no-store"
     assert response.headers["x-content-type-options"] == "nosniff"
+
+
+def test_an_unreachable_database_is_a_clear_503_page_not_a_500_with_a_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A primary that is down (failing over, restarting): the pages say so (the actions too:
+    tests/reliability/test_dashboard_failover.py)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens on it once the socket is closed
+    url = f"postgresql://postgres@127.0.0.1:{port}/nowhere?connect_timeout=2"
+    with dashboard(url, jobs=make_jobs()) as client:
+        answers = [client.get("/"), client.get("/jobs/1")]
+    for page in answers:
+        assert page.status_code == 503, page.text
+        assert "Database unavailable" in page.text
+        assert "cannot reach the database: connection failed" in html.unescape(page.text)
+    assert not [r for r in caplog.records if r.exc_info]

@@ -126,6 +126,13 @@ def utc_delta(later: datetime, earlier: datetime) -> timedelta:
     return later.astimezone(UTC) - earlier.astimezone(UTC)
 
 
+def by_form(payloads: list[str]) -> tuple[list[str], list[str]]:
+    """The wakeups to claim now (a queue's name), and the ``due QUEUE`` ones (seconds left off)."""
+    plain = [p for p in payloads if not p.startswith("due ")]
+    due = [p.rsplit(" ", 1)[0] for p in payloads if p.startswith("due ")]
+    return plain, due
+
+
 class Listener:
     """A LISTEN connection of its own on ``channel``."""
 
@@ -239,6 +246,30 @@ def test_enqueue_returns_a_flushed_persistent_job_with_id_and_database_defaults(
         assert not session.new
         assert not session.dirty
         session.rollback()
+
+
+def test_the_returned_job_is_attached_with_the_events_session_add_fires(clean: Engine) -> None:
+    """The Job enqueue builds enters the Session as a detached object added to it would: the
+    application's attach listeners see it, once, persistent, and the next flush has nothing to
+    write for it."""
+    seen: list[tuple[str, object]] = []
+    with Session(clean) as session:
+        for name in ("before_attach", "after_attach", "detached_to_persistent"):
+            event.listen(session, name, lambda s, obj, name=name: seen.append((name, obj)))
+        job = JOBS.enqueue(session, Ping(n=1))
+        assert seen == [
+            ("before_attach", job),
+            ("after_attach", job),
+            ("detached_to_persistent", job),
+        ]
+        assert inspect(job).persistent
+        assert not inspect(job).modified
+        assert not inspect(job).unloaded
+        job_id = job.id
+        assert inspect(job).identity == (job_id,)
+        session.flush()
+        session.commit()
+    assert job_ids(clean) == [job_id]
 
 
 def test_enqueue_stores_the_kind_string_and_the_kinds_options(clean: Engine) -> None:
@@ -1218,7 +1249,9 @@ def test_a_driver_without_copy_falls_back_to_one_insert(
         session.commit()
     copied = committed_rows(clean)[-len(reference) :]
     assert [stored(r) for r in rows[1:]] == [stored(r) for r in copied]
-    assert listener.received() == ["default", "mail", "default", "mail"]
+    plain, due = by_form(listener.received())
+    assert plain == ["default", "mail", "default", "mail"]
+    assert due == ["due default"]  # the delayed job: its time, after the commit
 
 
 def test_enqueue_many_names_the_position_of_the_bad_payload(clean: Engine) -> None:
@@ -1365,7 +1398,9 @@ def test_enqueue_many_async_copies_a_large_batch_on_the_async_connection(
         timedelta(seconds=5)
     }
     assert [stored(r) for r in rows[:3]] == [stored(r) for r in rows[len(copied) :]]
-    assert Counter(listener.received()) == {"default": 1, "mail": 1}
+    plain, due = by_form(listener.received())
+    assert Counter(plain) == {"default": 1, "mail": 1}
+    assert sorted(due) == ["due default", "due mail"]
 
 
 def test_enqueue_async_rollback_writes_and_wakes_nothing(
@@ -1441,7 +1476,7 @@ def test_a_schema_jobs_enqueues_into_that_schema_and_notifies_its_channel(
     assert delta == timedelta(seconds=3)
     assert job_ids(clean, alt_schema) == [job_id, *ids]
     assert job_ids(clean) == []
-    assert alt.received() == ["default"]
+    assert by_form(alt.received()) == (["default"], ["due default"])
     assert default.received() == []
 
 

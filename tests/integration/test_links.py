@@ -758,3 +758,31 @@ def test_the_guide_declarations_are_what_link_table_builds() -> None:
     table = names["order_jobs"]
     assert links.link_of(table) == links.Link(table, "order_id", "job_id")
     assert str(table.c.order_id.foreign_keys.pop().column) == "orders.id"
+
+
+def test_a_job_with_parents_is_linked_like_any_other_and_a_rollback_discards_both(
+    app: Engine,
+) -> None:
+    """``link=`` and ``depends_on=`` together: the waiting child is linked to the row, and a
+    rollback discards the job, its link and its edges. The parent is a ``Job`` from a Session
+    that committed since (expired): it still names its job."""
+    with Session(app) as session:
+        order = new_order(session)
+        parent = jobs.enqueue(session, Note(order_id=order.id), delay=3600)
+        child = jobs.enqueue(
+            session, Note(order_id=order.id), link={order_jobs: order.id}, depends_on=[parent]
+        )
+        order_id, child_id = order.id, child.id
+        session.commit()
+    assert linked_ids(app, order_id) == [child_id]
+    assert states(app)[child_id] == "waiting"
+
+    with Session(app) as session:
+        jobs.enqueue(
+            session, Note(order_id=order_id), link={order_jobs: order_id}, depends_on=[parent]
+        )
+        session.rollback()
+    assert linked_ids(app, order_id) == [child_id]
+    with app.connect() as conn:
+        edges = conn.execute(text("SELECT child_id FROM sqla_jobs_dependency")).scalars().all()
+    assert edges == [child_id]

@@ -57,8 +57,9 @@ def test_enqueue_stores_meta_and_returns_it_on_the_job(clean: Engine) -> None:
 
 def test_an_enqueue_without_meta_sends_no_meta_parameter(clean: Engine) -> None:
     """The single INSERT leaves the optional meta column out when the job has none (its NULL
-    parameter was a measurable cost), and sends it when it has one."""
-    assert _row.OPTIONAL == ("meta",), "enqueue's lean INSERT tests job.meta alone"
+    parameter was a measurable cost), and sends it when it has one; the rate limiter's key,
+    optional too, is sent only for a kind with a rate limit."""
+    assert _row.OPTIONAL == ("meta", "rate_key"), "enqueue's lean INSERT tests these alone"
     sent: list[str] = []
     listen = event.listens_for(clean, "before_cursor_execute")
 
@@ -77,6 +78,7 @@ def test_an_enqueue_without_meta_sends_no_meta_parameter(clean: Engine) -> None:
     finally:
         event.remove(clean, "before_cursor_execute", record)
     assert ["meta" in s for s in sent] == [False, True]
+    assert "rate_key" not in sent[0]
     assert stored_metas(clean, ids) == [None, {"a": 1}]
 
 

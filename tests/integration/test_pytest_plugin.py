@@ -117,6 +117,14 @@ def test_a_reminder_a_day_later_opens_its_own_session(sqla_jobs_session):
     assert testing.run_jobs(jobs, sqla_jobs_session, until=timedelta(days=1)).done == 1
     assert sqla_jobs_session.scalar(select(Order.status).where(Order.id == 9)) == "reminded"
     testing.refute_enqueued(sqla_jobs_session, "remind_customer")
+
+
+def test_a_chain_runs_in_order_in_one_call(sqla_jobs_session):
+    sqla_jobs_session.add(Order(id=10, status="paid"))
+    jobs.chain(sqla_jobs_session, [ShipOrder(order_id=10), RemindCustomer(order_id=10)])
+    sqla_jobs_session.commit()
+    assert testing.run_jobs(jobs, sqla_jobs_session).done == 2
+    assert sqla_jobs_session.scalar(select(Order.status).where(Order.id == 10)) == "reminded"
 """
 
 
@@ -134,7 +142,8 @@ def _assert_nothing_left(url: str) -> None:
     engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
     try:
         with engine.connect() as conn:
-            for table in ("plugin_orders", "sqla_jobs_job"):
+            tables = ("plugin_orders", "sqla_jobs_job", "sqla_jobs_dependency", "sqla_jobs_outcome")
+            for table in tables:
                 left = conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()
                 assert left == 0, f"{left} rows left in {table}"
     finally:
@@ -163,7 +172,7 @@ def test_a_users_suite_sees_its_rows_in_handlers_and_leaves_nothing_behind(
         )
     )
     result = pytester.runpytest_subprocess(*_plugin_args(), *QUIET)
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     _assert_nothing_left(user_db)
 
 

@@ -19,7 +19,17 @@ from sqla_jobs import Jobs, Retention
 from sqla_jobs.db.connections import Connector
 from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.sql.compiled import WorkerSQL
-from sqla_jobs.worker.pruner import HISTORY, THROUGHPUT, Pruner, PruneSQL, count, prune
+from sqla_jobs.worker.pruner import (
+    EDGES,
+    HISTORY,
+    OUTCOMES,
+    RATE_LIMITERS,
+    THROUGHPUT,
+    Pruner,
+    PruneSQL,
+    count,
+    prune,
+)
 from tests.integration._workers import running_workers, wait_until
 
 SQL = PruneSQL(None)
@@ -93,7 +103,7 @@ def test_each_outcome_loses_exactly_its_expired_rows_and_pending_and_running_job
         "cancelled": 4,
     }
     deleted = prune(conn, SQL, Retention().by_state(), batch=2)
-    assert deleted == {"completed": 3, HISTORY: 10, "dead": 5, "cancelled": 4}
+    assert deleted == {"completed": 3, HISTORY: 10, "dead": 5, "cancelled": 4, OUTCOMES: 0}
     assert left(conn) == {
         "completed": 2,
         "cancelled": 1,
@@ -142,9 +152,9 @@ def test_the_prune_steps_over_a_row_someone_holds_instead_of_waiting(
     with psycopg.connect(libpq_conninfo(migrated_url)) as operator:
         operator.execute("SELECT 1 FROM sqla_jobs_job WHERE id = %s FOR UPDATE", (held[0],))
         conn.execute("SET lock_timeout = '2s'")
-        assert prune(conn, SQL, {"dead": timedelta(days=7)}) == {"dead": 2}
+        assert prune(conn, SQL, {"dead": timedelta(days=7)}) == {"dead": 2, OUTCOMES: 0}
         operator.rollback()
-    assert prune(conn, SQL, {"dead": timedelta(days=7)}) == {"dead": 1}
+    assert prune(conn, SQL, {"dead": timedelta(days=7)}) == {"dead": 1, OUTCOMES: 0}
 
 
 def test_a_completed_row_the_application_still_references_is_kept_and_the_rest_pruned(
@@ -216,7 +226,16 @@ def test_only_one_of_two_pruners_prunes_at_a_time(conn: Conn, migrated_url: str)
         assert left(conn) == {"dead": 3}
         holder.execute(first._sql.unlock.sql, first._sql.unlock.params(schema_name=None))
         # Released after the run: the next one prunes.
-        ran = {"completed": 0, HISTORY: 0, "dead": 3, "cancelled": 0, THROUGHPUT: 0}
+        ran = {
+            "completed": 0,
+            HISTORY: 0,
+            "dead": 3,
+            "cancelled": 0,
+            OUTCOMES: 0,
+            THROUGHPUT: 0,
+            RATE_LIMITERS: 0,
+            EDGES: 0,
+        }
         assert second.prune_once() == ran
         assert first.prune_once() == {**ran, "dead": 0}
         # A run releases the lock it took: nobody holds it now.

@@ -189,7 +189,7 @@ def test_an_explicit_unique_key_makes_any_kind_unique_by_that_key(clean: Engine)
     assert c.inserted
     assert d.inserted
     assert a.unique_key == "plain:import-42"
-    assert a.unique_states == ["pending", "running"]
+    assert a.unique_states == ["pending", "running", "waiting"]
 
 
 def test_a_period_makes_one_job_per_window_of_run_at(clean: Engine) -> None:
@@ -215,7 +215,7 @@ def test_unique_declarations_are_checked_at_registration() -> None:
         jobs.register("r3", Refresh, unique=Unique(period=timedelta(milliseconds=1500)))
     kind = jobs.register("r4", Refresh, unique=Unique(states=("dead",)))
     assert kind.options.unique is not None
-    assert kind.options.unique.states == ("pending", "running", "dead")
+    assert kind.options.unique.states == ("pending", "running", "dead", "waiting")
 
 
 def test_a_bad_on_conflict_or_unique_key_raises_before_any_sql(clean: Engine) -> None:

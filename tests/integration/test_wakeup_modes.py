@@ -179,7 +179,9 @@ def test_a_job_not_due_yet_wakes_no_one_and_one_due_now_does(
         jobs.enqueue(session, Ping(), run_at=datetime.now(timezone.utc) + timedelta(hours=1))
         jobs.enqueue_many(session, [Ping()] * 100, delay=5)
         session.commit()
-    assert heard.within(QUIET) == []
+    # No claim now: at most (after_commit) the time the first becomes due.
+    expected = [] if mode == "in_transaction" else ["due"]
+    assert [p.split()[0] for p in heard.within(QUIET)] == expected
     with Session(clean) as session:
         jobs.enqueue(session, Ping(), run_at=datetime.now(timezone.utc) - timedelta(seconds=1))
         session.commit()

@@ -31,6 +31,7 @@ from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.testing import WorkerSeams
 from sqla_jobs.worker.facade import EXIT_STUCK
 from sqla_jobs.worker.holdings import Holdings
+from sqla_jobs.worker.prefetch import CAP
 from tests._waiting import DEADLINE, wait_until
 
 T = TypeVar("T")
@@ -44,6 +45,8 @@ NOTIFY_WITHIN = 15.0
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nothing"
 #: The claim statement, as pg_stat_activity shows it (LIKE pattern).
 CLAIM_SQL = "WITH claimed AS%"
+#: The idle poll's probe (claimable_queues).
+PROBE_SQL = "SELECT wanted.queue%"
 
 
 # -- harness ----------------------------------------------------------------------------------------
@@ -299,7 +302,10 @@ def test_three_workers_run_each_of_3000_jobs_exactly_once(clean: Engine, migrate
         wait_until(lambda: count(clean) == 0, "all 3000 jobs done", timeout=60)
     assert set(executions) == set(ids)
     assert max(executions.values()) == 1, "a job ran more than once"
-    assert sum(w.counts["claimed"] for w in workers) == 3000
+    # Every claim ran its job, or gave it back unstarted: a loaded machine can stall a worker
+    # past BUFFER_MAX_WAIT with jobs in its buffer (CI saw 878), and others claim them again.
+    released = sum(w.counts["released"] for w in workers)
+    assert sum(w.counts["claimed"] for w in workers) == 3000 + released
     assert sum(w.counts["done"] for w in workers) == 3000
     assert all(by_worker[w.name] > 0 for w in workers), f"a worker got no jobs: {by_worker}"
     assert count(clean, table="sqla_jobs_history") == 0
@@ -1137,8 +1143,14 @@ def test_worker_recovers_when_its_claim_connection_is_terminated(
             # The batch finishes on a dead connection: its completions must not be lost.
             may_finish.set()
             wait_until(lambda: count(clean) == 0, "all jobs completed after the reconnect")
+            # The claims, then the idle poll's probe (the last statement a drained worker runs).
             wait_until(
-                lambda: [p for p in backend_pids(clean, CLAIM_SQL, "claim") if p != claim_pid],
+                lambda: [
+                    p
+                    for like in (CLAIM_SQL, PROBE_SQL)
+                    for p in backend_pids(clean, like, "claim")
+                    if p != claim_pid
+                ],
                 "claims on a new connection",
             )
     finally:
@@ -1207,7 +1219,8 @@ def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
     assert idle.lanes.lanes[1].conn is None, "one job needs no second connection"
     assert idle.lanes.lanes[1].claimed == 0
 
-    busy = Worker(jobs, migrated_url, concurrency=4, poll_interval=0.2, name="busy")
+    # Claims of 128 (not the automatic up to 512): enough round trips for both lanes to show.
+    busy = Worker(jobs, migrated_url, concurrency=4, poll_interval=0.2, name="busy", batch_size=128)
     held = peak_held(busy)
     with running(busy):
         ids = enqueue(clean, jobs, [Ping(n=i) for i in range(6000)])
@@ -1219,7 +1232,7 @@ def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
     assert max(executions.values()) == 1, "a job ran twice"
     assert busy.counts["done"] == 6000
     # Two claims in flight at once still share the worker's room: slots plus the largest prefetch.
-    assert held.peak <= 4 + 512, held.peak
+    assert held.peak <= 4 + CAP, held.peak
 
 
 def test_claims_in_flight_on_both_connections_never_take_more_than_the_room(
@@ -1249,7 +1262,16 @@ def test_a_killed_second_claim_connection_loses_no_job(clean: Engine, migrated_u
         executions[ctx.job_id] += 1
         await asyncio.sleep(0.0005)
 
-    worker = Worker(jobs, migrated_url, concurrency=4, lease=3.0, heartbeat=0.5, poll_interval=0.2)
+    # Claims of 128: enough round trips after the kill for the second lane to open again.
+    worker = Worker(
+        jobs,
+        migrated_url,
+        concurrency=4,
+        lease=3.0,
+        heartbeat=0.5,
+        poll_interval=0.2,
+        batch_size=128,
+    )
     with running(worker):
         ids = enqueue(clean, jobs, [Ping(n=i) for i in range(6000)])
         (pid,) = wait_until(lambda: backend_pids(clean, role="claim2"), "the second connection")

@@ -52,7 +52,7 @@ MODEL_COPY = "model_copy"
 #: Nothing listens here: a command that tried to connect would fail.
 UNREACHABLE_URL = "postgresql://nobody@127.0.0.1:1/nowhere"
 #: The newest shipped revision.
-HEAD = "sqla_jobs_0007"
+HEAD = "sqla_jobs_0010"
 
 
 def migrated_and_model_catalogs(url: str) -> tuple[dict[str, Rows], dict[str, Rows]]:
@@ -86,6 +86,9 @@ def test_upgrade_head_creates_tables_partial_indexes_checks_and_storage_paramete
         "sqla_jobs_schedule",
         "sqla_jobs_worker",
         "sqla_jobs_throughput",
+        "sqla_jobs_dependency",
+        "sqla_jobs_outcome",
+        "sqla_jobs_rate_limiter",
     }
     indexes = {name: definition for _, name, definition in found["indexes"]}
     # Unique jobs: one job per key among those in a state that counts for it, nothing else.
@@ -204,8 +207,49 @@ def test_0007_adds_only_the_throughput_table_and_its_downgrade_removes_only_that
     command.downgrade(cfg, "sqla_jobs_0006")
     assert sqla_jobs_objects(scratch_url) == before
     assert version_rows(scratch_url) == {"sqla_jobs_0006"}
-    command.upgrade(cfg, "head")
+    command.upgrade(cfg, "sqla_jobs_0007")
     assert sqla_jobs_objects(scratch_url) - before == added
+    assert version_rows(scratch_url) == {"sqla_jobs_0007"}
+
+
+def _job_indexes(url: str) -> dict[str, str]:
+    with connect(url) as conn:
+        rows = conn.execute(
+            text("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'sqla_jobs_job'")
+        )
+        return {name: definition for name, definition in rows}
+
+
+def test_0009_keeps_rate_limited_jobs_out_of_the_claim_indexes_and_its_downgrade_undoes_it(
+    scratch_url: str,
+) -> None:
+    """0008 -> 0009 -> 0008 -> 0009: the rate limiter table, the job's rate_key, the rated index;
+    the claim and keyed indexes rebuilt under their own names without rate limited jobs, and back;
+    a pending job survives both ways."""
+    cfg = alembic_config(scratch_url)
+    command.upgrade(cfg, "sqla_jobs_0008")
+    before = sqla_jobs_objects(scratch_url)
+    old_indexes = _job_indexes(scratch_url)
+    with connect(scratch_url) as conn:
+        conn.execute(text("INSERT INTO sqla_jobs_job (kind, payload) VALUES ('k', '{}')"))
+    command.upgrade(cfg, "sqla_jobs_0009")
+    assert sqla_jobs_objects(scratch_url) - before == {
+        ("class", "public.sqla_jobs_rate_limiter"),
+        ("class", "public.sqla_jobs_rate_limiter_pkey"),
+        ("constraint", "public.sqla_jobs_rate_limiter_pkey"),
+        ("type", "public.sqla_jobs_rate_limiter"),
+        ("class", "public.sqla_jobs_job_rated_idx"),
+    }
+    indexes = _job_indexes(scratch_url)
+    for name in ("claim", "keyed"):
+        assert "(rate_key IS NULL)" in indexes[f"sqla_jobs_job_{name}_idx"]
+    assert "(rate_key IS NOT NULL)" in indexes["sqla_jobs_job_rated_idx"]
+    command.downgrade(cfg, "sqla_jobs_0008")
+    assert sqla_jobs_objects(scratch_url) == before
+    assert _job_indexes(scratch_url) == old_indexes
+    with connect(scratch_url) as conn:
+        assert conn.execute(text("SELECT count(*) FROM sqla_jobs_job")).scalar_one() == 1
+    command.upgrade(cfg, "head")
     assert version_rows(scratch_url) == {HEAD}
 
 
@@ -404,6 +448,9 @@ def test_schema_option_puts_every_object_in_that_schema_and_downgrade_removes_th
         f"{SCHEMA}.sqla_jobs_schedule",
         f"{SCHEMA}.sqla_jobs_worker",
         f"{SCHEMA}.sqla_jobs_throughput",
+        f"{SCHEMA}.sqla_jobs_dependency",
+        f"{SCHEMA}.sqla_jobs_outcome",
+        f"{SCHEMA}.sqla_jobs_rate_limiter",
         f"{SCHEMA}.sqla_jobs_alembic_version",
     }
     with connect(scratch_url) as conn:
@@ -439,6 +486,9 @@ def test_user_recipe_upgrades_heads_autogenerates_nothing_and_downgrades_only_sq
         "public.sqla_jobs_schedule",
         "public.sqla_jobs_worker",
         "public.sqla_jobs_throughput",
+        "public.sqla_jobs_dependency",
+        "public.sqla_jobs_outcome",
+        "public.sqla_jobs_rate_limiter",
         "public.alembic_version",
     }
     assert version_rows(scratch_url, table=SHARED_VERSIONS) == {"myapp_0001", HEAD}
@@ -527,6 +577,9 @@ def test_user_recipe_with_sqla_jobs_schema_in_alembic_ini_keeps_our_tables_in_th
         f"{SCHEMA}.sqla_jobs_schedule",
         f"{SCHEMA}.sqla_jobs_worker",
         f"{SCHEMA}.sqla_jobs_throughput",
+        f"{SCHEMA}.sqla_jobs_dependency",
+        f"{SCHEMA}.sqla_jobs_outcome",
+        f"{SCHEMA}.sqla_jobs_rate_limiter",
     }
     # Listed, the schema-less sqla_jobs tables look missing from the default schema.
     assert "op.create_table('sqla_jobs_job'" in autogenerate(ini, "listed")["upgrade"]

@@ -9,6 +9,7 @@ happened even when the process dies right after. A job with two rows there ran t
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -243,6 +244,12 @@ class WorkerProcess:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _die_with_parent() -> None:
+    # In the child, before exec: prctl(PR_SET_PDEATHSIG, SIGKILL).
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+
+
 @dataclass
 class Fleet:
     """Worker processes on one database; :meth:`close` kills whatever is still running."""
@@ -253,6 +260,9 @@ class Fleet:
     workers: list[WorkerProcess] = field(default_factory=list)
     #: The ``MODULE:ATTR`` the workers run (another scenario app, e.g. ``fault_app``).
     target: str = TARGET
+    #: SIGKILL the workers when the spawning thread dies (Linux): a test process killed outright
+    #: then leaves no worker retrying against servers its guardian already removed.
+    die_with_parent: bool = False
 
     def spawn(self) -> WorkerProcess:
         app_name = f"chaos-w{len(self.workers)}"
@@ -264,6 +274,7 @@ class Fleet:
                 env={**cli_env(self.database_url), "PGAPPNAME": app_name},
                 stdout=subprocess.DEVNULL,
                 stderr=log,
+                preexec_fn=_die_with_parent if self.die_with_parent else None,
             )
         worker = WorkerProcess(proc, log_path, app_name)
         self.workers.append(worker)

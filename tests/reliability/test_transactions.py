@@ -37,7 +37,8 @@ FATES = {"commit": 4, "rollback": 4, "savepoint_rollback": 1, "held_open": 1}
 
 
 def claimed_since(fleet: Fleet, engine: Engine, since: datetime) -> Callable[[], bool]:
-    """A condition: every worker ran a claim that started after ``since`` (database clock)."""
+    """A condition: every worker polled (ran a claim, or the probe a drained worker's poll runs
+    first to find the queues with something to claim) after ``since`` (database clock)."""
 
     def check() -> bool:
         with engine.connect() as conn:
@@ -46,7 +47,7 @@ def claimed_since(fleet: Fleet, engine: Engine, since: datetime) -> Callable[[],
                     "SELECT count(DISTINCT application_name) FROM pg_stat_activity "
                     "WHERE datname = current_database() "
                     "AND application_name LIKE 'sqla-jobs claim %' "
-                    "AND query LIKE 'WITH claimed AS%' "
+                    "AND (query LIKE 'WITH claimed AS%' OR query LIKE 'SELECT wanted.queue%') "
                     "AND query_start > :since"
                 ),
                 {"since": since},

@@ -8,7 +8,14 @@ from psycopg.conninfo import conninfo_to_dict
 from sqlalchemy.engine import make_url
 
 from sqla_jobs import DatabaseURLError
-from sqla_jobs.db.urls import libpq_conninfo, parse_url, redact, sqlalchemy_url, with_database
+from sqla_jobs.db.urls import (
+    hosts_without_primary,
+    libpq_conninfo,
+    parse_url,
+    redact,
+    sqlalchemy_url,
+    with_database,
+)
 
 #: A password with every character a URL gives a meaning to, and a quote and a space for libpq.
 SECRET = "p@ss:w/rd?#%'\\ x+&="
@@ -198,3 +205,32 @@ def test_redact_hides_the_password_of_the_netloc_and_of_the_query() -> None:
     assert "hunter3" not in shown
     assert "p%40ss" not in shown
     assert shown.startswith("postgresql+asyncpg://app:***@h/d?")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://app@/d?host=a:5432&host=b:5432",
+        "postgresql://app@/d?host=a,b&port=5432,5432",
+        "postgresql+asyncpg://app@/d?host=a:5432&host=b:5432&target_session_attrs=any",
+        "postgresql://app@/d?host=a:5432&host=b:5432&target_session_attrs=prefer-standby",
+    ],
+)
+def test_several_hosts_without_a_primary_attribute_are_warned_about(url: str) -> None:
+    warning = hosts_without_primary(url)
+    assert warning is not None
+    assert "2 hosts" in warning
+    assert "target_session_attrs=read-write" in warning
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql+psycopg://app@/d?host=a:5432&host=b:5432&target_session_attrs=read-write",
+        "postgresql://app@/d?host=a,b&target_session_attrs=primary",
+        "postgresql://app@db:5432/d",
+        "postgresql://app@/d?host=/var/run/postgresql",
+    ],
+)
+def test_one_host_or_a_primary_attribute_needs_no_warning(url: str) -> None:
+    assert hosts_without_primary(url) is None

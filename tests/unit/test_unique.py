@@ -22,7 +22,7 @@ def test_the_key_is_the_kind_and_the_chosen_fields_as_canonical_json() -> None:
     b = key_of("refresh", unique, '{"note":"y","order_id":1}', "default", None)
     assert a == b
     assert a.key == 'refresh:{"order_id":1}'
-    assert a.states == ("pending", "running")
+    assert a.states == ("pending", "running", "waiting")
     assert a.period is None
 
 
@@ -45,12 +45,18 @@ def test_a_long_key_is_stored_as_its_sha256() -> None:
     assert len(key) == len("k:sha256:") + 64
 
 
-def test_states_always_hold_pending_and_running_in_a_fixed_order() -> None:
-    assert Unique(states=("dead",)).check(Order).states == ("pending", "running", "dead")
+def test_states_always_hold_pending_running_and_waiting_in_a_fixed_order() -> None:
+    assert Unique(states=("dead",)).check(Order).states == (
+        "pending",
+        "running",
+        "dead",
+        "waiting",
+    )
     assert Unique(states=("cancelled", "pending")).check(Order).states == (
         "pending",
         "running",
         "cancelled",
+        "waiting",
     )
 
 

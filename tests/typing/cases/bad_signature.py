@@ -76,11 +76,11 @@ def swapped(ctx: JobContext, payload: F) -> None:
     pass
 
 
-# A sync handler's result is dropped once its Session commits: one that takes a Session returns
-# None (which is also what keeps an `async def` taking a Session out).
+# A sync handler that takes a Session returns None or a JSON-like result (stored with results=True;
+# which is also what keeps an `async def` taking a Session out): a set is neither.
 @jobs.kind("returns", H)  # E: "__call__" of "KindDecorator" has incompatible type
-def returns(payload: H, ctx: JobContext, session: Session) -> int:
-    return 1
+def returns(payload: H, ctx: JobContext, session: Session) -> set[int]:
+    return {1}
 
 
 def one(payload: G) -> None:

@@ -58,3 +58,16 @@ async def label(payload: Label, ctx: JobContext, session: AsyncSession) -> None:
 
 jobs.register("pack", Pack, pack, priority=1)
 jobs.register("label", Label, label)
+
+
+class Tally(BaseModel):
+    order_id: int
+
+
+# A sync handler that takes a Session may return the result a kind with results=True stores.
+@jobs.kind("tally", Tally, results=True)
+def tally(payload: Tally, ctx: JobContext, session: Session) -> dict[str, int]:
+    return {"order_id": payload.order_id}
+
+
+assert_type(tally, Callable[[Tally, JobContext, Session], dict[str, int]])

@@ -1,14 +1,5 @@
-"""The ``Job`` mapped class and the package's own ``MetaData``.
+"""The queue table (``Job``), its storage parameters, and the history of finished jobs."""
 
-Every object the package creates starts with ``sqla_jobs``, so one grep finds them all and nothing
-collides with the application's tables. The tables carry no schema: the schema is chosen at run time
-(``Jobs(schema=...)``, through SQLAlchemy's ``schema_translate_map``) and in migrations
-(``-x sqla_jobs_schema=...``), so the default is the connection's ``search_path``.
-"""
-
-from __future__ import annotations
-
-import enum
 import uuid
 from datetime import datetime
 from typing import Any
@@ -16,13 +7,12 @@ from typing import Any
 from sqlalchemy import (
     DDL,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
-    Double,
     Identity,
     Index,
     Integer,
-    MetaData,
     SmallInteger,
     Text,
     event,
@@ -30,63 +20,18 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
-PREFIX = "sqla_jobs"
-JOB_TABLE = f"{PREFIX}_job"
-HISTORY_TABLE = f"{PREFIX}_history"
-QUEUE_TABLE = f"{PREFIX}_queue"
-SCHEDULE_TABLE = f"{PREFIX}_schedule"
-WORKER_TABLE = f"{PREFIX}_worker"
-THROUGHPUT_TABLE = f"{PREFIX}_throughput"
-#: Alembic's version table of sqla-jobs' own environment (sqla-jobs migrate): not in ``metadata``.
-VERSION_TABLE = f"{PREFIX}_alembic_version"
-#: Longest ``last_error`` kept; a stack-trace storm must not bloat the hot table.
-MAX_ERROR_CHARS = 500
-
-metadata = MetaData(
-    naming_convention={
-        "ix": "%(table_name)s_%(column_0_N_name)s_idx",
-        "uq": "%(table_name)s_%(column_0_N_name)s_key",
-        "ck": "%(table_name)s_%(constraint_name)s_check",
-        "fk": "%(table_name)s_%(column_0_N_name)s_fkey",
-        "pk": "%(table_name)s_pkey",
-    }
+from sqla_jobs.model.names import (
+    ALWAYS_UNIQUE_STATES,
+    ENQUEUED,
+    HISTORY_TABLE,
+    JOB_TABLE,
+    MAX_ERROR_CHARS,
+    STATES,
+    UNIQUE_PREDICATE,
+    Base,
 )
-
-
-class JobState(str, enum.Enum):
-    """Where a job is in its life. A job whose handler succeeded is deleted (or moved to history),
-    so ``completed`` rows are the exception: see :attr:`COMPLETED`."""
-
-    #: Waiting for ``run_at``; claimable once it has passed.
-    PENDING = "pending"
-    #: Claimed by a worker that holds its lease.
-    RUNNING = "running"
-    #: Gave up: failure or crash budget spent, or a payload that can never validate.
-    DEAD = "dead"
-    #: The handler succeeded but the row could not be deleted (a foreign key of the application's
-    #: points at it): kept, terminal, never claimed again. ``last_error`` says why it was kept.
-    COMPLETED = "completed"
-    #: Cancelled by an operator (``Jobs.cancel``): never runs (again), never retried on its own.
-    CANCELLED = "cancelled"
-
-
-STATES = tuple(s.value for s in JobState)
-#: Where enqueue notes, in a returned ``Job``'s ``__dict__``, what it did: "inserted",
-#: "duplicate" or "replaced" (read by :attr:`Job.inserted` and :attr:`Job.replaced`).
-ENQUEUED = "_sqla_jobs_enqueued"
-#: The unique index's predicate, which an ``INSERT ... ON CONFLICT`` must repeat to use it.
-UNIQUE_PREDICATE = "unique_key IS NOT NULL AND state = ANY (unique_states)"
-#: The states a worker moves a job between on its own (claim, fail, reap, release, snooze): a
-#: unique job's key always counts in them, so that none of those moves can hit the unique index.
-ALWAYS_UNIQUE_STATES = (JobState.PENDING.value, JobState.RUNNING.value)
-
-
-class Base(DeclarativeBase):
-    """Declarative base on the package's own MetaData (never the application's)."""
-
-    metadata = metadata
 
 
 class Job(Base):
@@ -141,6 +86,16 @@ class Job(Base):
     unique_key: Mapped[str | None] = mapped_column(Text)
     #: The states in which a unique job holds its key; always includes pending and running.
     unique_states: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    #: A job enqueued with ``depends_on``: how many of its parents have not finished yet, exact
+    #: under the row lock while it is ``waiting``. NULL: a job without parents.
+    waiting_on: Mapped[int | None] = mapped_column(Integer)
+    #: Set (at the commit of a child's enqueue) on a job that some other job depends on: only such
+    #: a job's end does dependency work. NULL: nobody depends on it.
+    has_dependents: Mapped[bool | None] = mapped_column(Boolean)
+    #: The rate limiter the job's start counts against (its kind, and the key its ``RateLimit``'s
+    #: ``by=`` made, after a space); NULL: the kind has no rate limit. Claimed only by the rate
+    #: limited claim, never by the plain or keyed one.
+    rate_key: Mapped[str | None] = mapped_column(Text)
 
     @property
     def inserted(self) -> bool | None:
@@ -189,15 +144,18 @@ class Job(Base):
             f" AND unique_states @> ARRAY[{', '.join(repr(s) for s in ALWAYS_UNIQUE_STATES)}]",
             name="unique",
         ),
-        # Serves the claim. Partial: it holds only claimable rows without a concurrency key, so its
-        # size tracks the backlog, not history, and a job leaves it the moment it is claimed.
+        # Serves the claim. Partial: it holds only claimable rows without a concurrency key or a
+        # rate limit, so its size tracks the backlog, not history, a job leaves it the moment it
+        # is claimed, and due jobs held by a rate limit are never scanned past.
         Index(
             f"{JOB_TABLE}_claim_idx",
             "queue",
             "priority",
             "run_at",
             "id",
-            postgresql_where=text("state = 'pending' AND concurrency_key IS NULL"),
+            postgresql_where=text(
+                "state = 'pending' AND concurrency_key IS NULL AND rate_key IS NULL"
+            ),
         ),
         # Serves the keyed claim: pending keyed jobs of a queue, in per-key order.
         Index(
@@ -207,7 +165,20 @@ class Job(Base):
             "priority",
             "run_at",
             "id",
-            postgresql_where=text("state = 'pending' AND concurrency_key IS NOT NULL"),
+            postgresql_where=text(
+                "state = 'pending' AND concurrency_key IS NOT NULL AND rate_key IS NULL"
+            ),
+        ),
+        # Serves the rate limited claim: pending rate limited jobs of a queue, in per-limiter
+        # order (keyed or not: that claim keeps the concurrency limits too).
+        Index(
+            f"{JOB_TABLE}_rated_idx",
+            "queue",
+            "rate_key",
+            "priority",
+            "run_at",
+            "id",
+            postgresql_where=text("state = 'pending' AND rate_key IS NOT NULL"),
         ),
         # Serves the reaper and the running count per key: only running rows, a handful at any
         # time. It deliberately does not cover lease_expires_at or steps, so a heartbeat or a step
@@ -265,101 +236,6 @@ class JobHistory(Base):
     )
 
 
-class QueueState(Base):
-    """What an operator set on a queue: paused or not. A queue without a row is active; the
-    claim reads this table, so a pause holds for every worker, including ones started later."""
-
-    __tablename__ = QUEUE_TABLE
-
-    queue: Mapped[str] = mapped_column(Text, primary_key=True)
-    #: Set while the queue is paused: no worker claims from it (enqueue still works).
-    paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-
-
-class Schedule(Base):
-    """One periodic schedule's state, shared by every process that runs the scheduler: the last
-    tick enqueued, advanced by compare-and-set in the transaction that enqueues the tick's job,
-    so that each tick is enqueued once however many schedulers run. Written by the schedulers;
-    the definition itself (cron or interval, kind, payload) lives in the application's code."""
-
-    __tablename__ = SCHEDULE_TABLE
-
-    name: Mapped[str] = mapped_column(Text, primary_key=True)
-    kind: Mapped[str] = mapped_column(Text)
-    #: The schedule as defined when its last tick was enqueued (``cron */5 * * * * UTC``,
-    #: ``every 30s``): a changed definition starts over from the next tick, never backfills.
-    spec: Mapped[str] = mapped_column(Text)
-    #: The last tick enqueued (the compare-and-set column); NULL until the first.
-    last_tick_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    #: The job enqueued for ``last_tick_at``.
-    last_job_id: Mapped[int | None] = mapped_column(BigInteger)
-    #: The tick after ``last_tick_at``, as the scheduler that wrote it computed it (for listings).
-    next_tick_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    #: Set while an operator holds the schedule: no tick is enqueued, and the ticks passed meanwhile
-    #: are skipped.
-    paused_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    #: When a scheduler last found this schedule in its code: a schedule removed from the code is
-    #: seen no more, and enqueues nothing.
-    seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-
-
-class RegisteredWorker(Base):
-    """A live worker process, as it registered itself: written when it starts, its heartbeat moved
-    forward by its reaper thread, deleted when it stops gracefully; a row whose ``expires_at`` has
-    passed (its process was killed, or lost the database for that long) is deleted by any other
-    worker's reaper. For listings only (``sqla-jobs workers``): no claim reads it."""
-
-    __tablename__ = WORKER_TABLE
-
-    #: The worker's name (``host:pid:random`` unless named): also in its connections'
-    #: ``application_name`` and in ``locked_by`` of the jobs it holds.
-    name: Mapped[str] = mapped_column(Text, primary_key=True)
-    host: Mapped[str] = mapped_column(Text)
-    pid: Mapped[int] = mapped_column(Integer)
-    queues: Mapped[list[str]] = mapped_column(ARRAY(Text))
-    concurrency: Mapped[int] = mapped_column(Integer)
-    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
-    heartbeat_at: Mapped[datetime] = mapped_column(
-        DateTime(timezone=True), server_default=func.now()
-    )
-    #: The last heartbeat plus three of the worker's own heartbeat intervals, by the database's
-    #: clock: past it, the row is stale and pruned.
-    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
-
-
-class ThroughputMinute(Base):
-    """What the workers finished in one minute, per queue and kind: counts by outcome, and the sums
-    of run times and pickup delays (start minus ``run_at``) to average them by. Written by each
-    worker at its reaper's beat as one upsert adding its counts to the minute's row, by the
-    database's clock; pruned after :attr:`~sqla_jobs.Retention.throughput`. Completed jobs are
-    deleted, so this is where a dashboard's throughput and latency over time come from
-    (:func:`sqla_jobs.throughput.recent`). No claim reads it."""
-
-    __tablename__ = THROUGHPUT_TABLE
-
-    #: The start of the minute, by the database's clock when the worker wrote its counts.
-    minute: Mapped[datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
-    queue: Mapped[str] = mapped_column(Text, primary_key=True)
-    kind: Mapped[str] = mapped_column(Text, primary_key=True)
-    completed: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    #: Failed runs that will be retried (a run that used its last attempt counts as ``dead``).
-    failed: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    dead: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    cancelled: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    snoozed: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    #: Jobs the workers' reapers rescued from a worker that stopped heartbeating.
-    crashed: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    #: Handler runs timed, and their total duration in seconds.
-    runs: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    run_seconds: Mapped[float] = mapped_column(Double, server_default="0")
-    #: Jobs started, and their total wait from ``run_at`` to their start in seconds.
-    pickups: Mapped[int] = mapped_column(BigInteger, server_default="0")
-    pickup_seconds: Mapped[float] = mapped_column(Double, server_default="0")
-
-
 #: Storage parameters of the queue table. The default autovacuum_vacuum_scale_factor (0.2) waits
 #: until a fifth of the table is dead; on a hot queue table that is far too patient. fillfactor
 #: leaves room on each page for the claim's new row versions (revision sqla_jobs_0002).
@@ -386,13 +262,3 @@ event.listen(
         + ")"
     ),
 )
-
-
-def notify_channel(schema: str | None) -> str:
-    """The LISTEN/NOTIFY channel of the queue table in ``schema``."""
-    return PREFIX if schema is None else f"{PREFIX}.{schema}"
-
-
-def cancel_channel(schema: str | None) -> str:
-    """The channel that tells workers which running jobs an operator cancelled (job ids)."""
-    return f"{notify_channel(schema)}.cancel"

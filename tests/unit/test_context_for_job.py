@@ -1,0 +1,66 @@
+"""``JobContext.for_job`` builds the instance's dict itself (the worker builds one per job): it
+must hold every field, and equal the context the dataclass's constructor builds."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import pytest
+
+from sqla_jobs import JobContext
+from sqla_jobs.context import ClaimedJob
+
+from ._claimed import claimed_job
+
+
+def constructed(job: ClaimedJob, steps: dict[str, object]) -> JobContext:
+    return JobContext(
+        job_id=job.id,
+        kind=job.kind,
+        queue=job.queue,
+        attempt=job.attempts,
+        crashes=job.crashes,
+        max_attempts=job.max_attempts,
+        created_at=job.created_at,
+        worker="w1",
+        steps=steps,
+        lease_token=job.lease_token,
+        recorder=None,
+        interruptions=job.interruptions,
+    )
+
+
+def test_for_job_sets_every_field_and_nothing_else() -> None:
+    ctx = JobContext.for_job(claimed_job(7), "w1", None)
+    assert set(vars(ctx)) == {f.name for f in dataclasses.fields(JobContext)}
+
+
+@pytest.mark.parametrize(
+    ("stored", "steps"),
+    [
+        (None, {}),
+        ("{}", {}),
+        ('{"a": [1, 2]}', {"a": [1, 2]}),
+        ({"b": 1}, {"b": 1}),
+        ("null", {}),
+    ],
+)
+def test_for_job_equals_the_constructed_context(stored: object, steps: dict[str, object]) -> None:
+    job = claimed_job(7)._replace(steps=stored)
+    ctx = JobContext.for_job(job, "w1", None)
+    assert ctx == constructed(job, steps)
+    assert ctx.lease_lost is ctx.lease_lost
+    assert not ctx.cancelled.is_set()
+    assert not ctx.in_session
+    assert ctx.deadline is None
+    timed = JobContext.for_job(job, "w1", None, timeout=5.0)
+    assert timed.deadline is not None
+    assert 0 < timed.deadline - time.monotonic() <= 5.0
+
+
+def test_the_steps_dict_is_the_contexts_own() -> None:
+    stored = {"b": 1}
+    ctx = JobContext.for_job(claimed_job(7)._replace(steps=stored), "w1", None)
+    ctx.steps["c"] = 2
+    assert stored == {"b": 1}

@@ -1,0 +1,250 @@
+"""The fetch loop's decisions between its two lanes, without a database: the round trips are played
+by a stand-in whose trips the test holds open and lets go, so the interleavings that lost a wakeup
+on a loaded machine happen every time. (The round trips themselves run against PostgreSQL in the
+integration suites.)"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from sqla_jobs._outcome import Outcome
+from sqla_jobs.worker.config import WorkerConfig
+from sqla_jobs.worker.fetch import FetchLoop
+from sqla_jobs.worker.holdings import Holdings
+from sqla_jobs.worker.lanes import Lane
+from sqla_jobs.worker.prefetch import Prefetch
+from sqla_jobs.worker.wakeups import Wakeups
+
+from ._claimed import claimed_job
+
+#: Far longer than any wait below: a loop that sleeps for it has lost the event it waited for.
+POLL = 30.0
+#: How long a test waits for the loop to act (it acts within milliseconds when right).
+PROMPT = 2.0
+
+
+class Trip:
+    """One round trip the loop started: its lane and limit, held open until :meth:`end`."""
+
+    def __init__(self, lane: int, limit: int) -> None:
+        self.lane = lane
+        self.limit = limit
+        self._claimed: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    def end(self, claimed: int = 0) -> None:
+        self._claimed.set_result(claimed)
+
+    async def result(self) -> int:
+        return await self._claimed
+
+
+class ScriptedLanes:
+    """The parts of ``Lanes`` the fetch loop calls, with each round trip held by the test. The
+    accounting the real ``write_and_claim`` does around its trip (in flight, reserved, the batch
+    taken) is done the same way."""
+
+    def __init__(self, holdings: Holdings, wakeups: Wakeups, queues: list[str]) -> None:
+        self.lanes = [Lane(0), Lane(1)]
+        self._holdings = holdings
+        self._wakeups = wakeups
+        self._queues = queues
+        self.trips: list[Trip] = []
+        self.started = asyncio.Event()
+        #: The next step at which the probe says something is due (None: nothing delayed).
+        self.due_in: float | None = None
+
+    async def write_and_claim(
+        self, limit: int, lane: Lane | None = None, queues: list[str] | None = None
+    ) -> int:
+        lane = lane or self.lanes[0]
+        trip = Trip(lane.index, limit)
+        self._wakeups.in_flight += 1
+        self._holdings.reserved += limit
+        self._holdings.finished = []
+        self.trips.append(trip)
+        self.started.set()
+        try:
+            return await trip.result()
+        finally:
+            self._wakeups.in_flight -= 1
+            self._holdings.reserved -= limit
+
+    async def claimable(self, lane: Lane) -> tuple[list[str], float | None]:
+        return list(self._queues), self.due_in
+
+    async def connection(self, lane: Lane) -> Any:
+        return None
+
+    async def close(self, lane: Lane | None = None) -> None:
+        return None
+
+    async def release(self, jobs: Any, lane: Lane) -> None:
+        return None
+
+    async def next_trip(self, after: int) -> Trip:
+        """The round trip started after the first ``after`` ones; fails if none starts promptly."""
+
+        async def started() -> Trip:
+            while len(self.trips) <= after:
+                self.started.clear()
+                await self.started.wait()
+            return self.trips[after]
+
+        return await asyncio.wait_for(started(), PROMPT)
+
+
+class Slots:
+    def fill(self) -> None:
+        return None
+
+
+class ScriptedOrphans:
+    """The give-back of orphaned jobs, held open by the test; records how many round trips were
+    in flight when it began."""
+
+    def __init__(self) -> None:
+        self.due = False
+        self.began: list[int] = []
+        self.gate = asyncio.Event()
+
+    async def release(self, conn: Any) -> int:
+        self.began.append(len(self.trips_in_flight()))
+        await self.gate.wait()
+        self.due = False
+        return 0
+
+    def trips_in_flight(self) -> list[Trip]:
+        return [t for t in self.lanes.trips if not t._claimed.done()]
+
+    lanes: ScriptedLanes
+
+
+def running_loop(
+    test: Callable[[FetchLoop, ScriptedLanes, Wakeups, Holdings], Awaitable[None]],
+    orphans: ScriptedOrphans | None = None,
+) -> None:
+    async def main() -> None:
+        wakeups = Wakeups(asyncio.get_running_loop())
+        holdings = Holdings()
+        config = WorkerConfig(queues=("q",), concurrency=4, poll_interval=POLL)
+        lanes = ScriptedLanes(holdings, wakeups, ["q"])
+        if orphans is not None:
+            orphans.lanes = lanes
+        fetch = FetchLoop(
+            config=config,
+            holdings=holdings,
+            lanes=lanes,  # type: ignore[arg-type]
+            slots=Slots(),  # type: ignore[arg-type]
+            prefetch=Prefetch(config.concurrency),
+            wakeups=wakeups,
+            handoff=None,
+            orphans=orphans,  # type: ignore[arg-type]
+        )
+        task = asyncio.create_task(fetch.run())
+        try:
+            await test(fetch, lanes, wakeups, holdings)
+        finally:
+            wakeups.stopping = True
+            wakeups.event.set()
+            for trip in lanes.trips:
+                if not trip._claimed.done():
+                    trip.end()
+            if orphans is not None:
+                orphans.gate.set()
+            await asyncio.wait_for(task, PROMPT)
+
+    asyncio.run(main())
+
+
+async def idle(lanes: ScriptedLanes, wakeups: Wakeups) -> int:
+    """Let the loop's first claim find nothing; the number of trips so far."""
+    first = await lanes.next_trip(0)
+    first.end(0)
+    await asyncio.sleep(0.01)
+    assert wakeups.drained
+    return len(lanes.trips)
+
+
+async def lane_one_claiming(lanes: ScriptedLanes, wakeups: Wakeups, holdings: Holdings) -> Trip:
+    """Lane 0 writes an outcome (a trip without a claim) while a wakeup sends lane 1 to claim for
+    every free slot; lane 0's trip then ends. Returns lane 1's trip, still in flight."""
+    seen = await idle(lanes, wakeups)
+    holdings.finished = [Outcome(claimed_job(1))]
+    holdings.finished_since = time.monotonic()
+    wakeups.event.set()
+    flush = await lanes.next_trip(seen)
+    assert (flush.lane, flush.limit) == (0, 0)
+    wakeups.wake()  # a NOTIFY
+    claim = await lanes.next_trip(seen + 1)
+    assert claim.lane == 1
+    assert claim.limit > 0
+    flush.end(0)
+    await asyncio.sleep(0.01)
+    return claim
+
+
+def test_a_wakeup_while_lane_one_claims_is_not_lost() -> None:
+    """A NOTIFY that arrives while lane 1's claim is in flight (its snapshot may predate the job)
+    makes the worker claim again once that claim is back, not a poll interval later: lane 0 could
+    not claim meanwhile, since lane 1 held the room."""
+
+    async def test(fetch: FetchLoop, lanes: ScriptedLanes, w: Wakeups, h: Holdings) -> None:
+        claim = await lane_one_claiming(lanes, w, h)
+        seen = len(lanes.trips)
+        w.wake()  # the NOTIFY of a job committed after lane 1's snapshot
+        await asyncio.sleep(0.01)
+        assert len(lanes.trips) == seen  # no room to claim while lane 1 holds it
+        claim.end(0)
+        again = await lanes.next_trip(seen)
+        assert again.limit > 0
+
+    running_loop(test)
+
+
+def test_a_start_learned_by_lane_one_is_kept_by_lane_zero() -> None:
+    """A time something becomes claimable (a delayed job, a rate limiter's next start) learned
+    while lane 1's claim is in flight wakes the worker then, not a poll interval later."""
+
+    async def test(fetch: FetchLoop, lanes: ScriptedLanes, w: Wakeups, h: Holdings) -> None:
+        claim = await lane_one_claiming(lanes, w, h)
+        seen = len(lanes.trips)
+        w.start_by(time.monotonic() + 0.2)  # what the rate limited claim tells the loop
+        claim.end(0)
+        poll = await lanes.next_trip(seen)
+        assert poll.limit > 0
+
+    running_loop(test)
+
+
+def test_orphans_are_given_back_only_with_no_claim_in_flight_and_none_starts_meanwhile() -> None:
+    """After a lost connection, the give-back of orphaned jobs waits for the claims in flight (a
+    claimed row not yet held would look orphaned), and no lane claims until it is done."""
+    orphans = ScriptedOrphans()
+
+    async def test(fetch: FetchLoop, lanes: ScriptedLanes, w: Wakeups, h: Holdings) -> None:
+        claim = await lane_one_claiming(lanes, w, h)
+        orphans.due = True
+        w.wake()
+        await asyncio.sleep(0.05)
+        assert orphans.began == []  # lane 1's claim is in flight
+        seen = len(lanes.trips)
+        claim.end(0)
+        await asyncio.wait_for(_until(lambda: orphans.began != []), PROMPT)
+        assert orphans.began == [0]
+        w.wake()  # a NOTIFY while it runs: no claim starts
+        await asyncio.sleep(0.05)
+        assert len(lanes.trips) == seen
+        orphans.gate.set()
+        after = await lanes.next_trip(seen)
+        assert after.limit > 0
+        assert not orphans.due
+
+    running_loop(test, orphans)
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    while not check():
+        await asyncio.sleep(0.005)
