@@ -180,6 +180,10 @@ class FetchLoop:
             return False  # the lanes before it are free: theirs to do
         if self._orphans is not None and self._orphans.due and self._may_give_back(lane):
             await self._give_back_orphans(lane)
+        if holdings.give_back:
+            # Taken by the listener's claim (the hand-off): a crashed job waits for this release.
+            await self._lanes.give_back(lane)
+            lane.trips += 1
         room = self._room()
         want_claim = self.want_claim(room)
         now = time.monotonic()

@@ -84,6 +84,8 @@ class Lanes:
         self.committed = self._writer.committed
         self.lanes = [Lane(i) for i in range(LANES if config.concurrency > 1 else 1)]
         self._queue_turn = 0
+        #: A release of ``Holdings.give_back`` is in flight (on one lane at a time).
+        self._giving_back = False
 
     async def connection(self, lane: Lane) -> AsyncConn:
         """``lane``'s connection, opened if it has none."""
@@ -234,14 +236,23 @@ class Lanes:
                 claimed += await self._rated.claim(conn, queue, free, self.claim_params)
         self._counts["claimed"] += claimed
         lane.claimed += claimed
-        if holdings.give_back:
-            give_back, holdings.give_back = holdings.give_back, []
-            try:
-                await self.release(give_back, lane)
-            except BaseException:
-                holdings.give_back = give_back + holdings.give_back
-                raise
+        await self.give_back(lane)
         return claimed
+
+    async def give_back(self, lane: Lane) -> None:
+        """Release the jobs the crash rule gave back (``Holdings.give_back``), if any."""
+        holdings = self._holdings
+        if not holdings.give_back or self._giving_back:
+            return  # nothing to give back, or the other lane's release is on its way
+        batch = list(holdings.give_back)
+        self._giving_back = True
+        try:
+            await self.release(batch, lane)
+        finally:
+            self._giving_back = False
+        # Out of the holdings only once released: a crashed job waits until then (Slots._slot).
+        sent = {id(j) for j in batch}
+        holdings.give_back = [j for j in holdings.give_back if id(j) not in sent]
 
     async def _claim(
         self, conn: AsyncConn, queue: str, limit: int

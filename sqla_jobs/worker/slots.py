@@ -130,6 +130,13 @@ class Slots:
                 if job.id in running:
                     holdings.defer(job)  # claimed again while its older run runs here
                     continue
+                if job.crashes and holdings.give_back:
+                    # The jobs the crash rule gives back are still locked by this worker until
+                    # the fetch loop's release commits: should this job crash the process first,
+                    # they would be charged its crash. It starts after the release (whoever
+                    # took the claim has woken the loop for it; the loop fills the slots after).
+                    buffer.appendleft(job)
+                    return
                 await self.run(job, task)  # sets holdings.buffered_at
                 ran += 1
                 # Handlers that never await would hold the loop for the whole buffer: yield when
@@ -229,9 +236,10 @@ class Slots:
             else:
                 self._holdings.end(job, outcome, now)
             wakeups = self._wakeups
-            if job.concurrency_key is not None or (limited and job.kind in limited):
-                # Its key has room again, or a slot a rate limited job may take (those are
-                # claimed only for free slots): look again without waiting for a poll.
+            if job.concurrency_key is not None or job.crashes or (limited and job.kind in limited):
+                # Its key has room again, a slot a rate limited job may take (those are claimed
+                # only for free slots), or the crash rule lets the jobs it made this worker give
+                # back come again: look again without waiting for a poll.
                 wakeups.undrain()
             # Set already (most jobs of a busy worker end so): no need to ask the fetch loop.
             if wakeups.stopping or (not wakeups.event.is_set() and self.loop_has_work()):

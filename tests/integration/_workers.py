@@ -49,3 +49,26 @@ def queue_empty(engine: Engine) -> Callable[[], bool]:
             return conn.execute(text("SELECT count(*) FROM sqla_jobs_job")).scalar() == 0
 
     return check
+
+
+def parked(worker: Worker) -> Callable[[], bool]:
+    """The fetch loop sleeps with nothing held, and the listener is connected: a NOTIFY now is
+    claimed by the listener's thread.
+
+    The park must come after the wakeup the listener sends once it listens: the loop may park
+    before the listener connects (a NOTIFY then reaches nobody), and that wakeup then makes the
+    loop claim on its own connection (failed in CI when the LISTEN came late)."""
+
+    def ready() -> bool:
+        listener, handoff, wakeups = worker.listener, worker.handoff, worker.wakeups
+        parked = handoff.parked if handoff is not None else None
+        return (
+            listener is not None
+            and wakeups is not None
+            and listener.connected.is_set()
+            and not wakeups.pending
+            and parked is not None
+            and parked[1] == wakeups.count
+        )
+
+    return ready

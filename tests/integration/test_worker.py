@@ -33,6 +33,7 @@ from sqla_jobs.worker.facade import EXIT_STUCK
 from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.prefetch import CAP
 from tests._waiting import DEADLINE, wait_until
+from tests.integration._workers import parked
 
 T = TypeVar("T")
 
@@ -1028,36 +1029,13 @@ def _idle_listening_worker(jobs: Jobs, url: str, runs: Runs) -> Worker:
     return Worker(jobs, url, listen=True, poll_interval=QUIET_POLL)
 
 
-def _parked(worker: Worker) -> Callable[[], bool]:
-    """The fetch loop sleeps with nothing held, and the listener is connected: a NOTIFY now is
-    claimed by the listener's thread.
-
-    The park must come after the wakeup the listener sends once it listens: the loop may park
-    before the listener connects (a NOTIFY then reaches nobody), and that wakeup then makes the
-    loop claim on its own connection (failed in CI when the LISTEN came late)."""
-
-    def ready() -> bool:
-        listener, handoff, wakeups = worker.listener, worker.handoff, worker.wakeups
-        parked = handoff.parked if handoff is not None else None
-        return (
-            listener is not None
-            and wakeups is not None
-            and listener.connected.is_set()
-            and not wakeups.pending
-            and parked is not None
-            and parked[1] == wakeups.count
-        )
-
-    return ready
-
-
 def test_an_idle_worker_claims_on_its_listen_connection_when_notified(
     clean: Engine, migrated_url: str
 ) -> None:
     jobs, runs = Jobs(), Runs()
     worker = _idle_listening_worker(jobs, migrated_url, runs)
     with running(worker):
-        wait_until(_parked(worker), "the worker is idle")
+        wait_until(parked(worker), "the worker is idle")
         (job_id,) = enqueue(clean, jobs, [Pong()])
         runs.wait_for(
             lambda rs: [r.job_id for r in rs] == [job_id], "the job ran", timeout=NOTIFY_WITHIN
@@ -1069,7 +1047,7 @@ def test_an_idle_worker_claims_on_its_listen_connection_when_notified(
         # event loop between the notification and the claim.
         assert len(backend_pids(clean, CLAIM_SQL, "listen")) == 1
         assert backend_pids(clean, CLAIM_SQL, "claim") == []
-        wait_until(_parked(worker), "the worker is idle again")
+        wait_until(parked(worker), "the worker is idle again")
         (second,) = enqueue(clean, jobs, [Pong()])
         runs.wait_for(lambda rs: len(rs) == 2, "the second job ran", timeout=NOTIFY_WITHIN)
     assert worker.counts["claimed"] == worker.counts["done"] == 2
@@ -1082,7 +1060,7 @@ def test_a_stop_while_the_listener_claims_gives_the_claimed_job_back(
     jobs, runs = Jobs(), Runs()
     worker = _idle_listening_worker(jobs, migrated_url, runs)
     with gated_claims(clean, "gate") as holder, running(worker) as (thread,):
-        wait_until(_parked(worker), "the worker is idle")
+        wait_until(parked(worker), "the worker is idle")
         (job_id,) = enqueue(clean, jobs, [Ping()])
         wait_until(lambda: gate_waiters(clean) == ["listen"], "the listener's claim is held")
         worker.stop()
@@ -1108,7 +1086,7 @@ def test_a_listen_connection_killed_mid_claim_loses_no_job(
     with gated_claims(clean, "gate") as holder, running(worker):
         listener = worker.listener
         assert listener is not None
-        wait_until(_parked(worker), "the worker is idle")
+        wait_until(parked(worker), "the worker is idle")
         (job_id,) = enqueue(clean, jobs, [Ping()])
         wait_until(lambda: gate_waiters(clean) == ["listen"], "the listener's claim is held")
         terminate(clean, _listener_pid(clean))
@@ -1211,7 +1189,7 @@ def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
     # failed in CI). Parked, the listener's thread claims it.
     idle = Worker(jobs, migrated_url, concurrency=4, poll_interval=QUIET_POLL, name="idle")
     with running(idle):
-        wait_until(_parked(idle), "the worker is idle")
+        wait_until(parked(idle), "the worker is idle")
         (one,) = enqueue(clean, jobs, [Ping(n=0)])
         wait_until(lambda: count(clean) == 0, "the one job done")
         assert roles_of(clean, idle).count("claim2") == 0
