@@ -97,6 +97,11 @@ class FetchLoop:
         while not wakeups.stopping:
             wakeups.event.clear()
             self._slots.fill()
+            if not reconnects.failures:
+                # Before the lane's next trip: an idle connection that lived through another
+                # connection's outage (its socket quiet) reports its own next fault as news, not
+                # as that outage's echo. One comparison unless an outage came since it worked.
+                reconnects.ok(lane.conn, used=False)
             try:
                 trips = lane.trips
                 progressed = await self._step(lane)

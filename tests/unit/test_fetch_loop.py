@@ -6,11 +6,17 @@ integration suites.)"""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from sqla_jobs._outcome import Outcome
+from sqla_jobs.db import connections
+from sqla_jobs.db.connections import Reconnects
+from sqla_jobs.db.outage import Outage
 from sqla_jobs.worker.config import WorkerConfig
 from sqla_jobs.worker.fetch import FetchLoop
 from sqla_jobs.worker.holdings import Holdings
@@ -19,6 +25,7 @@ from sqla_jobs.worker.prefetch import Prefetch
 from sqla_jobs.worker.wakeups import Wakeups
 
 from ._claimed import claimed_job
+from .test_failover import KILLED, PRIMARY, Primary
 
 #: Far longer than any wait below: a loop that sleeps for it has lost the event it waited for.
 POLL = 30.0
@@ -36,6 +43,10 @@ class Trip:
 
     def end(self, claimed: int = 0) -> None:
         self._claimed.set_result(claimed)
+
+    def fail(self, exc: BaseException) -> None:
+        """The trip's connection was lost (or the server refused it)."""
+        self._claimed.set_exception(exc)
 
     async def result(self) -> int:
         return await self._claimed
@@ -248,3 +259,39 @@ def test_orphans_are_given_back_only_with_no_claim_in_flight_and_none_starts_mea
 async def _until(check: Callable[[], bool]) -> None:
     while not check():
         await asyncio.sleep(0.005)
+
+
+def test_a_fault_on_lane_one_after_another_connections_outage_is_said(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lane 1 slept through an outage of another connection (it began and ended meanwhile); its
+    connection lived through it. A fault on its next trip is a new outage, said: not an echo of
+    the ended one (seen in CI, stop 30: a completion killed on lane 1 went unsaid)."""
+    outage = Outage()
+    monkeypatch.setattr(connections, "OUTAGE", outage)
+
+    async def test(fetch: FetchLoop, lanes: ScriptedLanes, w: Wakeups, h: Holdings) -> None:
+        for lane in lanes.lanes:
+            lane.conn = Primary()  # type: ignore[assignment]
+        seen = await idle(lanes, w)
+        h.finished = [Outcome(claimed_job(1))]
+        h.finished_since = time.monotonic()
+        w.event.set()
+        flush = await lanes.next_trip(seen)
+        assert flush.lane == 0
+        await asyncio.sleep(0.01)  # lane 1 sleeps: nothing for it to do
+        listener = Reconnects("listener", "listener_lost", outage=outage)
+        listener.lost(KILLED)
+        listener.ok(PRIMARY)  # that outage is over
+        assert not outage.active
+        w.wake()  # a NOTIFY: lane 1 claims while lane 0 writes
+        claim = await lanes.next_trip(seen + 1)
+        assert claim.lane == 1
+        claim.fail(KILLED)
+        await asyncio.sleep(0.01)
+        flush.end(0)
+
+    with caplog.at_level(logging.WARNING, logger="sqla_jobs.worker"):
+        running_loop(test)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any(m.startswith("database connection lost (claim connection") for m in said), said
