@@ -105,7 +105,10 @@ class FetchLoop:
             try:
                 trips = lane.trips
                 progressed = await self._step(lane)
-                reconnects.ok(lane.conn, used=lane.trips != trips)
+                if lane.conn is not None:
+                    # A step without a connection (lane 1 idle since its loss) says nothing: its
+                    # failure stands until a connection of its own works, which ends the outage.
+                    reconnects.ok(lane.conn, used=lane.trips != trips)
                 refused = 0
             except psycopg.Error as exc:
                 if should_reconnect(exc):

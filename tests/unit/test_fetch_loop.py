@@ -66,11 +66,15 @@ class ScriptedLanes:
         self.started = asyncio.Event()
         #: The next step at which the probe says something is due (None: nothing delayed).
         self.due_in: float | None = None
+        #: Opens a lane's connection for a trip when it has none (None: the lanes stay without).
+        self.reconnect: Callable[[], Any] | None = None
 
     async def write_and_claim(
         self, limit: int, lane: Lane | None = None, queues: list[str] | None = None
     ) -> int:
         lane = lane or self.lanes[0]
+        if lane.conn is None and self.reconnect is not None:
+            lane.conn = self.reconnect()  # as Lanes.connection opens one
         trip = Trip(lane.index, limit)
         self._wakeups.in_flight += 1
         self._holdings.reserved += limit
@@ -90,7 +94,8 @@ class ScriptedLanes:
         return None
 
     async def close(self, lane: Lane | None = None) -> None:
-        return None
+        for each in [lane] if lane is not None else self.lanes:
+            each.conn = None
 
     async def release(self, jobs: Any, lane: Lane) -> None:
         return None
@@ -269,10 +274,15 @@ def test_a_fault_on_lane_one_after_another_connections_outage_is_said(
     the ended one (seen in CI, stop 30: a completion killed on lane 1 went unsaid)."""
     outage = Outage()
     monkeypatch.setattr(connections, "OUTAGE", outage)
+    made: list[Primary] = []
+
+    def connect() -> Primary:
+        made.append(Primary())
+        return made[-1]
 
     async def test(fetch: FetchLoop, lanes: ScriptedLanes, w: Wakeups, h: Holdings) -> None:
         for lane in lanes.lanes:
-            lane.conn = Primary()  # type: ignore[assignment]
+            lane.conn = connect()  # type: ignore[assignment]
         seen = await idle(lanes, w)
         h.finished = [Outcome(claimed_job(1))]
         h.finished_since = time.monotonic()
@@ -288,10 +298,40 @@ def test_a_fault_on_lane_one_after_another_connections_outage_is_said(
         claim = await lanes.next_trip(seen + 1)
         assert claim.lane == 1
         claim.fail(KILLED)
+        flush.end(0)
+        # Lane 0 claims again (the lost claim's jobs are still due); lane 1, back from its
+        # reconnect delay, finds nothing to do and steps idle, unconnected.
+        again = await lanes.next_trip(seen + 2)
+        assert again.lane == 0
+        await asyncio.sleep(0.3)
+        again.end(0)
+        await asyncio.sleep(0.01)
+        assert outage.active
+        # Lane 1's next trip, on a new connection, works: the outage its fault began is over.
+        lanes.reconnect = connect
+        h.finished = [Outcome(claimed_job(2))]
+        h.finished_since = time.monotonic()
+        w.event.set()
+        flush = await lanes.next_trip(seen + 3)
+        assert flush.lane == 0
+        await asyncio.sleep(0.01)
+        w.wake()
+        claim = await lanes.next_trip(seen + 4)
+        assert claim.lane == 1
+        claim.end(0)
         await asyncio.sleep(0.01)
         flush.end(0)
+        await asyncio.sleep(0.01)
+        assert not outage.active, "lane 1 works again, and the outage did not end"
 
-    with caplog.at_level(logging.WARNING, logger="sqla_jobs.worker"):
-        running_loop(test)
+    try:
+        with caplog.at_level(logging.WARNING, logger="sqla_jobs.worker"):
+            running_loop(test)
+    finally:
+        for each in made:
+            each.sock.close()
+            each.server.close()
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any(m.startswith("database connection lost (claim connection") for m in said), said
+    assert said[-1].startswith("database back after"), said
+    assert "claim connection works again" in said[-1], said
