@@ -17,13 +17,14 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
 from pydantic import BaseModel
 from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
 
 from sqla_jobs import JobContext, Jobs
 from sqla_jobs.db.urls import libpq_conninfo
@@ -195,6 +196,23 @@ def scalar(engine: Engine, sql: str, **params: object) -> int:
 def queue_length(engine: Engine) -> int:
     """Rows in the queue table: jobs not completed yet (pending, running or dead)."""
     return scalar(engine, "SELECT count(*) FROM sqla_jobs_job")
+
+
+@contextlib.contextmanager
+def queues_held(engine: Engine, held_jobs: Jobs) -> Iterator[None]:
+    """Every queue that has jobs paused until the block ends: a fleet whose workers start one
+    after another (seconds each on a loaded machine) then starts its run together, instead of
+    its first worker draining the queue alone before a kill could find the others busy."""
+    with Session(engine) as session, session.begin():
+        names = list(session.execute(text("SELECT DISTINCT queue FROM sqla_jobs_job")).scalars())
+        for name in names:
+            held_jobs.pause_queue(session, name)
+    try:
+        yield
+    finally:
+        with Session(engine) as session, session.begin():
+            for name in names:
+                held_jobs.resume_queue(session, name)
 
 
 def cli_env(database_url: str) -> dict[str, str]:
