@@ -117,12 +117,13 @@ class FetchLoop:
                     delay = reconnects.lost(exc)
                     await self._lanes.close(lane)
                     await wakeups.sleep(delay)
-                    if lane.index == 0:
-                        try:
-                            await self._lanes.connection(lane)
-                        except psycopg.Error as again:
-                            if not should_reconnect(again):
-                                raise
+                    # Every lane, the idle second one too: its next step on the new connection
+                    # ends the outage its loss began (later faults are then said as news).
+                    try:
+                        await self._lanes.connection(lane)
+                    except psycopg.Error as again:
+                        if not should_reconnect(again):
+                            raise
                     continue
                 # Not a lost connection (a claim the server refused): keep the worker alive,
                 # and try again after a pause rather than in a busy loop. The traceback once per
