@@ -298,6 +298,15 @@ class Fleet:
         self.workers.append(worker)
         return worker
 
+    def start_together(self, count: int, engine: Engine, held_jobs: Jobs) -> list[WorkerProcess]:
+        """Spawn ``count`` workers with every queue held (:func:`queues_held`) until all of them
+        have started: the run begins with the whole fleet up."""
+        with queues_held(engine, held_jobs):
+            started = [self.spawn() for _ in range(count)]
+            for worker in started:
+                self.wait_started(worker)
+        return started
+
     def alive(self) -> list[WorkerProcess]:
         return [w for w in self.workers if w.proc.poll() is None]
 

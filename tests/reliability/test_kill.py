@@ -16,7 +16,6 @@ from tests.reliability.chaos_app import (
     Work,
     jobs,
     queue_length,
-    queues_held,
     reset_tables,
     runs_by_job,
 )
@@ -72,9 +71,7 @@ def test_sigkilled_workers_lose_no_job_and_rerun_only_the_jobs_they_held(
     kills = 0
     hits: Counter[int] = Counter()
     try:
-        with queues_held(clean, jobs):
-            for worker in [fleet.spawn() for _ in range(WORKERS)]:
-                fleet.wait_started(worker)
+        fleet.start_together(WORKERS, clean, jobs)
         started = time.monotonic()
         deadline = started + DEADLINE
         while (left := queue_length(clean)) > 0:

@@ -21,7 +21,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from tests._waiting import wait_until
-from tests.reliability.chaos_app import Fleet, WorkerProcess, queue_length, queues_held
+from tests.reliability.chaos_app import Fleet, WorkerProcess, queue_length
 from tests.reliability.conftest import Figures, injects, scaled
 from tests.reliability.session_app import COUNTER_DDL, TARGET, AsyncBump, Bump, PlainBump, jobs
 
@@ -187,9 +187,7 @@ def run_with_kills(
     chaos = Chaos(engine, counter_of)
     fleet = Fleet(url, tmp_path, OPTIONS, target=TARGET)
     try:
-        with queues_held(engine, jobs):
-            for worker in [fleet.spawn() for _ in range(WORKERS)]:
-                fleet.wait_started(worker)
+        fleet.start_together(WORKERS, engine, jobs)
         started = time.monotonic()
         deadline = started + DEADLINE
         while (left := queue_length(engine)) > 0:

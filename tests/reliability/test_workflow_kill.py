@@ -18,7 +18,7 @@ from pathlib import Path
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from tests.reliability.chaos_app import Fleet, queues_held
+from tests.reliability.chaos_app import Fleet
 from tests.reliability.conftest import Figures, injects, scaled
 from tests.reliability.workflow_app import RUNS_DDL, TARGET, Doomed, Step, jobs
 
@@ -123,9 +123,7 @@ def test_workflows_killed_mid_graph_run_each_job_once_and_never_early(
     fleet = Fleet(migrated_url, tmp_path, OPTIONS, target=TARGET)
     kills = 0
     try:
-        with queues_held(clean, jobs):
-            for worker in [fleet.spawn() for _ in range(WORKERS)]:
-                fleet.wait_started(worker)
+        fleet.start_together(WORKERS, clean, jobs)
         started = last_kill = time.monotonic()
         while (left := unfinished(clean)) > 0:
             assert time.monotonic() - started < DEADLINE, f"{left} jobs left:\n{fleet.logs()}"
