@@ -73,7 +73,14 @@ def completed(job: ClaimedJob, *, committed: bool = False, result: str | None = 
     """The outcome of a handler that returned: ``Outcome(job, committed=committed)``, its dict
     built in one call (the dataclass's constructor costs ~0.5 us, once per job a worker runs)."""
     outcome = object.__new__(Outcome)
-    outcome.__dict__ = dict(_DEFAULTS, job=job, committed=committed, result=result)
+    # A copy of the defaults and one store: half the cost of dict(_DEFAULTS, **changes).
+    values = _DEFAULTS.copy()
+    values["job"] = job
+    if committed:
+        values["committed"] = True
+    if result is not None:
+        values["result"] = result
+    outcome.__dict__ = values
     return outcome
 
 

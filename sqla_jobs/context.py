@@ -7,6 +7,7 @@ them too, so handlers behave the same under test.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import threading
@@ -15,7 +16,7 @@ import typing
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any, NamedTuple, NoReturn, TypeVar
 
 from sqla_jobs.errors import ConfigurationError, JobCancelledError, LeaseLostError, StepError
@@ -38,7 +39,8 @@ class ClaimedJob(NamedTuple):
     max_crashes: int
     interruptions: int
     lease_token: uuid.UUID
-    created_at: datetime
+    #: When the job was created, in microseconds since the epoch (``JobContext.created_at``).
+    created_us: int
     concurrency_key: str | None
     steps: str | dict[str, Any] | None
 
@@ -76,7 +78,8 @@ class ClaimedWithDue(ClaimedJob):
 
     @classmethod
     def from_row(cls, row: Sequence[Any]) -> ClaimedWithDue:
-        """The job of one row of a claim with ``due_at``."""
+        """The job of one row of a claim with ``due_at`` (the worker takes rows through
+        :func:`row_maker`, which builds the same without a Python call)."""
         return tuple.__new__(cls, row)
 
 
@@ -84,11 +87,23 @@ def due_at(job: ClaimedJob) -> float:
     """When ``job`` became due (its ``run_at``), as a :func:`time.monotonic` value of this
     process: the last element of a row claimed with ``due_at`` (a :class:`ClaimedWithDue`, or a
     :class:`ClaimedWithMeta` of such a claim). The claim computes it from the database's clock,
-    so the pickup delay is ``time.monotonic() - due_at(job)`` when the handler starts."""
-    return typing.cast(float, tuple.__getitem__(job, -1))
+    so the pickup delay is ``time.monotonic() - due_at(job)`` when the handler starts. (The row
+    holds it as integer microseconds.)"""
+    return typing.cast(int, tuple.__getitem__(job, -1)) * 1e-6
+
+
+def row_maker(meta: bool, timed: bool) -> Callable[[Sequence[Any]], ClaimedJob]:
+    """What builds a claimed job from one row of a claim that returns ``meta`` and ``due_at`` as
+    said: ``tuple.__new__`` bound to the class, called once per claimed job without a Python
+    frame of its own."""
+    cls = ClaimedWithMeta if meta else ClaimedWithDue if timed else ClaimedJob
+    return typing.cast(
+        "Callable[[Sequence[Any]], ClaimedJob]", functools.partial(tuple.__new__, cls)
+    )
 
 
 _META_AT = len(ClaimedJob._fields)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 #: ``JobContext._meta`` of a context whose worker did not read the job's meta.
 _UNREAD: Any = object()
 _LAZY_LOCK = threading.Lock()
@@ -231,6 +246,19 @@ class JobContext:
                 event = self._cancelled
         return event
 
+    if not typing.TYPE_CHECKING:  # a __getattr__ would let mypy accept any attribute of ctx
+
+        def __getattr__(self, name: str) -> Any:
+            # Reached only for an attribute missing from the instance's dict: the created_at of
+            # a context for_job built, which holds the claim's microseconds instead.
+            if name == "created_at":
+                us = self.__dict__.get("_created_us")
+                if us is not None:
+                    value = _EPOCH + timedelta(microseconds=us)
+                    self.__dict__["created_at"] = value
+                    return value
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def snooze(self, delay: timedelta | float) -> NoReturn:
         """Stop this run and run the job again after ``delay`` (see :class:`Snooze`)."""
         raise Snooze(delay)
@@ -263,7 +291,9 @@ class JobContext:
             "attempt": job.attempts,
             "crashes": job.crashes,
             "max_attempts": job.max_attempts,
-            "created_at": job.created_at,
+            # ctx.created_at is built from it on first read (by __getattr__): most handlers
+            # never ask, and a timestamptz parsed per claimed row cost ~0.8 us.
+            "_created_us": job.created_us,
             "worker": worker,
             "_lease_lost": None,
             "_cancelled": None,

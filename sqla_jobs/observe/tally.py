@@ -72,7 +72,7 @@ class Tally:
             # The row looked up inline: twice per job, on the worker's loop.
             row = self._runs.get((job.queue, job.kind)) or self._row(job)
             row[_PICKUPS] += 1
-            delay = now - job[-1]  # type: ignore[operator]  # due_at(job), inline: once per job
+            delay = now - job[-1] * 1e-6  # type: ignore[operator]  # due_at(job), inline
             if delay > 0.0:
                 row[_PICKUP_SECONDS] += delay
 

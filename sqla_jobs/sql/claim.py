@@ -11,12 +11,12 @@ from sqlalchemy import (
     ARRAY,
     BigInteger,
     ColumnElement,
-    Float,
     Interval,
     Select,
     Text,
     Update,
     bindparam,
+    cast,
     func,
     literal_column,
     select,
@@ -58,7 +58,8 @@ __all__ = [
 ]
 
 
-#: Columns a worker needs from a claimed job.
+#: Columns a worker needs from a claimed job (``created_at`` returned as ``created_us``, integer
+#: microseconds since the epoch).
 CLAIMED_COLUMNS = (
     job.c.id,
     job.c.queue,
@@ -91,11 +92,12 @@ def claim_jobs(
 
     ``keyed``: the jobs of the concurrency keys ``keys`` (:func:`claim_keyed`), else the unkeyed
     jobs (:func:`claim`). ``meta``: each job's ``meta`` after those columns. ``due_at``: when each
-    job became due, on the worker's ``time.monotonic()`` clock sent as ``monotonic``, as the last
-    column. ``for_testing``: only the jobs the test's transaction wrote, due by a clock moved
-    forward (:func:`claim_for_testing`). ``rated``: the rate limited jobs of the limiters this
-    transaction holds (:func:`claim_rated`; ``keyed`` is then ignored). Each variant a caller runs is a named builder below,
-    pinned by its golden file; ``keyed`` has no default, so this one is not a builder of its own.
+    job became due, in microseconds on the worker's ``time.monotonic()`` clock sent as
+    ``monotonic_us``, as the last column. ``for_testing``: only the jobs the test's transaction
+    wrote, due by a clock moved forward (:func:`claim_for_testing`). ``rated``: the rate limited
+    jobs of the limiters this transaction holds (:func:`claim_rated`; ``keyed`` is then ignored).
+    Each variant a caller runs is a named builder below, pinned by its golden file; ``keyed`` has
+    no default, so this one is not a builder of its own.
     """
     due = due_for_testing() if for_testing else due_now()
     # A test's inline runs take rate limited jobs too, without their limit.
@@ -130,9 +132,10 @@ def claim_with_meta() -> Select[Any]:
 
 def claim_with_due_at() -> Select[Any]:
     """:func:`claim`, returning each job's ``due_at`` too, as the last column: when the job became
-    due, as a ``time.monotonic()`` value of the worker that sends its clock as ``monotonic``
-    (:func:`claim_jobs`). The claim of a worker with metrics (its pickup delay); a worker without
-    them runs :func:`claim` and never computes the column."""
+    due, in microseconds of the ``time.monotonic()`` clock of the worker that sends it as
+    ``monotonic_us`` (:func:`claim_jobs`). The claim of a worker with metrics or the throughput
+    tally (its pickup delay); a worker without them runs :func:`claim` and never computes the
+    column."""
     return claim_jobs(keyed=False, due_at=True)
 
 
@@ -350,19 +353,35 @@ def _mark_claimed(stmt: Update, meta: bool, due_at: bool) -> Select[Any]:
         .returning(*columns, job.c.run_at)
         .cte("claimed")
     )
-    selected: list[ColumnElement[Any]] = [claimed.c[c.name] for c in columns]
+    selected: list[ColumnElement[Any]] = [
+        _created_us(claimed) if c is job.c.created_at else claimed.c[c.name] for c in columns
+    ]
     if due_at:
         # Last, after the meta: a row's due_at is its last element (context.due_at).
         selected.append(_due_at(claimed))
     return select(*selected).order_by(claimed.c.priority, claimed.c.run_at, claimed.c.id)
 
 
-def _due_at(claimed: Any) -> ColumnElement[float]:
-    # When the job became due, on the worker's time.monotonic() clock: ``monotonic`` is that
-    # clock when the worker sent the claim, and the job had then been due for now() - run_at by
-    # the database's clock (the clock run_at is on), so a worker whose own clock is off still
-    # measures its pickup delay right. One float per row, from the run_at the UPDATE returns
-    # anyway; still 0.15-0.25 us of the worker's CPU per job, so only a worker with metrics
-    # claims with it.
+#: Microseconds per second, a literal of the statement (not a parameter).
+_MICROS: ColumnElement[int] = literal_column("1000000")
+
+
+def _created_us(claimed: Any) -> ColumnElement[int]:
+    # The job's created_at as integer microseconds since the epoch: a timestamptz costs the
+    # worker ~0.8 us per row to parse (a time zone conversion), an int8 almost nothing, and the
+    # worker builds ctx.created_at only when a handler reads it. Exact: a float8 epoch is within
+    # 0.25 us of the stored microsecond until 2255, and the cast rounds to the nearest.
+    epoch = func.date_part(literal_column("'epoch'"), claimed.c.created_at)
+    return cast(epoch * _MICROS, BigInteger).label("created_us")
+
+
+def _due_at(claimed: Any) -> ColumnElement[int]:
+    # When the job became due, in microseconds on the worker's time.monotonic() clock:
+    # ``monotonic_us`` is that clock when the worker sent the claim, and the job had then been
+    # due for now() - run_at by the database's clock (the clock run_at is on), so a worker whose
+    # own clock is off still measures its pickup delay right. An int8 rather than a float8 (half
+    # the cost to print and parse); only a worker with metrics or the throughput tally asks.
     age = func.date_part(literal_column("'epoch'"), func.now() - claimed.c.run_at)
-    return (bindparam("monotonic", 0.0, type_=Float) - age).label("due_at")
+    return (bindparam("monotonic_us", 0, type_=BigInteger) - cast(age * _MICROS, BigInteger)).label(
+        "due_us"
+    )

@@ -207,7 +207,7 @@ class Worker:
                 warn_after=long_transaction,
             )
         self.holdings = Holdings()
-        self.holdings.timed = self.monitor.timed
+        self.holdings.set_columns(meta=False, timed=self.monitor.timed)
         self.prefetch = Prefetch(concurrency, prefetch, batch_size)
         #: Counters for tests, benchmarks and the final log line.
         self.counts = dict.fromkeys(
@@ -335,7 +335,7 @@ class Worker:
             # Decided at start, from the hooks registered by then: only a worker with a
             # middleware that reads ctx.meta claims with the meta column (and pays for it).
             self._sql = WorkerSQL(self.jobs.schema, meta=True, timed=self._sql.timed)
-            self.holdings.meta = True
+            self.holdings.set_columns(meta=True, timed=self.holdings.timed)
         parts = build_parts(
             jobs=self.jobs,
             config=self.config,

@@ -103,7 +103,7 @@ class Handoff:
                     limit=limit,
                     lease=self._lease,
                     worker=self._worker,
-                    monotonic=time.monotonic(),
+                    monotonic_us=time.monotonic_ns() // 1000,
                 ),
             ).fetchall()
         finally:

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqla_jobs._outcome import Outcome
-from sqla_jobs.context import ClaimedJob, ClaimedWithDue, ClaimedWithMeta, JobContext
+from sqla_jobs.context import ClaimedJob, JobContext, row_maker
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -67,6 +67,13 @@ class Holdings:
         self.meta = False
         #: The claims return each job's due_at last (``WorkerSQL.timed``, metrics on).
         self.timed = False
+        self._make = row_maker(False, False)
+
+    def set_columns(self, *, meta: bool, timed: bool) -> None:
+        """Say what the claims return beyond :class:`ClaimedJob`'s fields (see :attr:`meta`,
+        :attr:`timed`)."""
+        self.meta, self.timed = meta, timed
+        self._make = row_maker(meta, timed)
 
     # -- counting ---------------------------------------------------------------------------------
 
@@ -98,13 +105,7 @@ class Holdings:
         if not self.buffer:
             self.buffered_at = now
         taken = 0
-        make = (
-            ClaimedWithMeta.from_row
-            if self.meta
-            else ClaimedWithDue.from_row
-            if self.timed
-            else ClaimedJob._make
-        )
+        make = self._make
         for row in rows:
             job = make(row)
             if job.crashes and (self.crashed if _last_life(job) else self.last_life):

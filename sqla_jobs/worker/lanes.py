@@ -115,7 +115,7 @@ class Lanes:
             limit=limit,
             lease=self._lease,
             worker=self._connector.worker,
-            monotonic=time.monotonic(),
+            monotonic_us=time.monotonic_ns() // 1000,
             **self._holdings.crash_params(),
         )
 
@@ -279,7 +279,7 @@ class Lanes:
                     limit=limit,
                     lease=self._lease,
                     worker=self._connector.worker,
-                    monotonic=time.monotonic(),
+                    monotonic_us=time.monotonic_ns() // 1000,
                     **self._holdings.crash_params(),
                 ),
             )

@@ -9,6 +9,7 @@ payload asks for.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 
@@ -77,3 +78,14 @@ def exit_process(args: ExitProcess, ctx: JobContext) -> None:
     if ctx.crashes == 0:
         os._exit(args.code)
     effect(ctx, args.tag, "finished")
+
+
+class Heap(BaseModel):
+    """Record how many objects the worker process has frozen out of garbage collection."""
+
+    tag: str
+
+
+@jobs.kind("heap", Heap)
+def heap(args: Heap, ctx: JobContext) -> None:
+    effect(ctx, args.tag, f"frozen={gc.get_freeze_count()}")

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from tests.acceptance._processes import DEADLINE, WorkerProcess, wait_until
-from tests.acceptance.app import EFFECTS_TABLE, ExitProcess, Work, jobs
+from tests.acceptance.app import EFFECTS_TABLE, ExitProcess, Heap, Work, jobs
 
 #: Short leases, so a dead worker's job is rescued within seconds.
 RESCUE = ("--lease", "2", "--heartbeat", "0.5", "--poll-interval", "0.2", "--keep-history")
@@ -132,3 +132,15 @@ def test_a_second_sigterm_exits_at_once_with_130(effects: Engine, spawn_worker: 
     assert "event=forced" in worker.log
     # Forced out: the lease is left to expire and be reaped, not given back.
     assert scalar(effects, "SELECT state FROM sqla_jobs_job WHERE id = :id", id=job_id) == "running"
+
+
+def test_the_worker_process_freezes_its_startup_heap(effects: Engine, spawn_worker: Spawn) -> None:
+    # `sqla-jobs worker` owns its process: the objects of its startup (modules, the application,
+    # SQLAlchemy and pydantic state) are left out of the garbage collector's walks.
+    (job_id,) = enqueue(effects, Heap(tag="heap"))
+    worker = spawn_worker("--poll-interval", "0.2")
+    (row,) = wait_until(lambda: effects_of(effects, job_id), "the handler ran")
+    frozen = int(row[0].removeprefix("frozen="))
+    assert frozen > 10_000, row
+    worker.proc.send_signal(signal.SIGTERM)
+    assert worker.proc.wait(DEADLINE) == 0, worker.log

@@ -344,6 +344,57 @@ def test_sync_handlers_run_in_the_pool_and_async_ones_on_the_loop(
     assert worker.counts["done"] == 2
 
 
+def test_ctx_created_at_is_the_rows_created_at_to_the_microsecond(
+    clean: Engine, migrated_url: str
+) -> None:
+    # The claim returns created_at as integer microseconds; the context builds the datetime.
+    jobs = Jobs()
+    seen: dict[int, object] = {}
+
+    @jobs.kind("stamped", Ping)
+    async def stamped(args: Ping, ctx: JobContext) -> None:
+        seen[ctx.job_id] = ctx.created_at
+
+    with Session(clean) as session, session.begin():
+        # A created_at with every microsecond digit set, far from the epoch's float rounding.
+        session.execute(text("SET LOCAL TIME ZONE 'Asia/Kolkata'"))
+        ids = jobs.enqueue_many(session, [Ping(n=1), Ping(n=2)])
+        session.execute(
+            text(
+                "UPDATE sqla_jobs_job SET created_at = '2026-12-06 11:15:41.987654+05:30' "
+                "WHERE id = :id"
+            ),
+            {"id": ids[0]},
+        )
+    with clean.connect() as conn:
+        stored = dict(conn.execute(text("SELECT id, created_at FROM sqla_jobs_job")).all())
+    with running(Worker(jobs, migrated_url, poll_interval=0.2)):
+        wait_until(lambda: len(seen) == 2, "both jobs ran")
+    assert seen == stored
+    assert str(seen[ids[0]]) == "2026-12-06 05:45:41.987654+00:00"
+
+
+def test_a_worker_in_an_applications_process_leaves_its_garbage_collector_alone(
+    clean: Engine, migrated_url: str
+) -> None:
+    # Only `sqla-jobs worker` freezes its heap (sqla_jobs.worker.heap): in an application's own
+    # process a frozen object could never be collected once it ends up in a cycle.
+    import gc
+
+    jobs = Jobs()
+    ran = threading.Event()
+
+    @jobs.kind("plain", Ping)
+    async def plain(args: Ping, ctx: JobContext) -> None:
+        ran.set()
+
+    before = gc.get_freeze_count()
+    with running(Worker(jobs, migrated_url, poll_interval=0.2)):
+        enqueue(clean, jobs, [Ping()])
+        assert ran.wait(DEADLINE)
+    assert gc.get_freeze_count() == before
+
+
 def test_an_async_handler_past_its_timeout_is_cancelled_and_failed_as_timed_out(
     clean: Engine, migrated_url: str
 ) -> None:

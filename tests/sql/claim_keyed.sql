@@ -26,5 +26,5 @@ claimed AS
 FROM ranked LEFT OUTER JOIN running ON running.concurrency_key = ranked.concurrency_key 
 WHERE ranked.rank <= ranked.concurrency_limit - coalesce(running.n, %(coalesce_2)s::INTEGER) ORDER BY ranked.priority, ranked.run_at, ranked.id 
  LIMIT %(limit)s::BIGINT))) AND sqla_jobs_job.state = 'pending' RETURNING sqla_jobs_job.id, sqla_jobs_job.queue, sqla_jobs_job.kind, sqla_jobs_job.payload, sqla_jobs_job.priority, sqla_jobs_job.attempts, sqla_jobs_job.max_attempts, sqla_jobs_job.crashes, sqla_jobs_job.max_crashes, sqla_jobs_job.interruptions, sqla_jobs_job.lease_token, sqla_jobs_job.created_at, sqla_jobs_job.concurrency_key, sqla_jobs_job.steps, sqla_jobs_job.run_at)
- SELECT claimed.id, claimed.queue, claimed.kind, claimed.payload, claimed.priority, claimed.attempts, claimed.max_attempts, claimed.crashes, claimed.max_crashes, claimed.interruptions, claimed.lease_token, claimed.created_at, claimed.concurrency_key, claimed.steps 
+ SELECT claimed.id, claimed.queue, claimed.kind, claimed.payload, claimed.priority, claimed.attempts, claimed.max_attempts, claimed.crashes, claimed.max_crashes, claimed.interruptions, claimed.lease_token, CAST(date_part('epoch', claimed.created_at) * 1000000 AS BIGINT) AS created_us, claimed.concurrency_key, claimed.steps 
 FROM claimed ORDER BY claimed.priority, claimed.run_at, claimed.id

@@ -32,7 +32,7 @@ def claimed_job(
         max_crashes=max_crashes,
         interruptions=0,
         lease_token=token or uuid.uuid4(),
-        created_at=datetime(2026, 1, 1, tzinfo=timezone.utc),
+        created_us=int(datetime(2026, 1, 1, tzinfo=timezone.utc).timestamp()) * 1_000_000,
         concurrency_key=None,
         steps=None,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -22,7 +23,8 @@ def constructed(job: ClaimedJob, steps: dict[str, object]) -> JobContext:
         attempt=job.attempts,
         crashes=job.crashes,
         max_attempts=job.max_attempts,
-        created_at=job.created_at,
+        created_at=datetime(1970, 1, 1, tzinfo=timezone.utc)
+        + timedelta(microseconds=job.created_us),
         worker="w1",
         steps=steps,
         lease_token=job.lease_token,
@@ -33,7 +35,25 @@ def constructed(job: ClaimedJob, steps: dict[str, object]) -> JobContext:
 
 def test_for_job_sets_every_field_and_nothing_else() -> None:
     ctx = JobContext.for_job(claimed_job(7), "w1", None)
-    assert set(vars(ctx)) == {f.name for f in dataclasses.fields(JobContext)}
+    fields = {f.name for f in dataclasses.fields(JobContext)}
+    # created_at is built on first read, from the claim's microseconds.
+    assert set(vars(ctx)) == fields - {"created_at"} | {"_created_us"}
+    assert ctx.created_at == datetime(2026, 1, 1, tzinfo=timezone.utc)
+    assert ctx.created_at is ctx.created_at
+    assert set(vars(ctx)) == fields | {"_created_us"}
+    with pytest.raises(AttributeError, match="no attribute 'atempt'"):
+        ctx.atempt  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_created_at_keeps_every_microsecond() -> None:
+    for when in (
+        datetime(2026, 12, 6, 11, 15, 41, 984604, tzinfo=timezone.utc),
+        datetime(2099, 12, 31, 23, 59, 59, 999999, tzinfo=timezone.utc),
+        datetime(1999, 1, 1, 0, 0, 0, 1, tzinfo=timezone.utc),
+    ):
+        us = (when - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+        job = claimed_job(7)._replace(created_us=us)
+        assert JobContext.for_job(job, "w1", None).created_at == when
 
 
 @pytest.mark.parametrize(
