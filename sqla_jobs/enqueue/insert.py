@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime, timedelta
 from itertools import chain
@@ -82,8 +83,10 @@ def _notified(session: Session) -> set[str]:
     if tx is None:
         return set()
     seen = session.info.get(_NOTIFIED_KEY)
-    if seen is None or seen[0] is not tx:
-        seen = (tx, set[str]())
+    if seen is None or seen[0]() is not tx:
+        # A weak reference: the transaction refers to the Session, whose info would hold it
+        # back, a cycle that left every enqueuing Session to the cyclic garbage collector.
+        seen = (weakref.ref(tx), set[str]())
         session.info[_NOTIFIED_KEY] = seen
     notified: set[str] = seen[1]
     return notified
