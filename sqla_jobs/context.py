@@ -56,11 +56,6 @@ class ClaimedWithMeta(ClaimedJob):
 
     __slots__ = ()
 
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> ClaimedWithMeta:
-        """The job of one row of a claim with meta."""
-        return tuple.__new__(cls, row)
-
     @property
     def meta(self) -> str | dict[str, Any] | None:
         """The job's meta, as the claim returned it: JSON text (the worker fetches jsonb as text),
@@ -75,12 +70,6 @@ class ClaimedWithDue(ClaimedJob):
     Read it with :func:`due_at`."""
 
     __slots__ = ()
-
-    @classmethod
-    def from_row(cls, row: Sequence[Any]) -> ClaimedWithDue:
-        """The job of one row of a claim with ``due_at`` (the worker takes rows through
-        :func:`row_maker`, which builds the same without a Python call)."""
-        return tuple.__new__(cls, row)
 
 
 def due_at(job: ClaimedJob) -> float:

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from sqla_jobs import JobContext
-from sqla_jobs.context import ClaimedJob
+from sqla_jobs.context import ClaimedJob, ClaimedWithDue, ClaimedWithMeta, due_at, row_maker
 
 from ._claimed import claimed_job
 
@@ -84,3 +84,16 @@ def test_the_steps_dict_is_the_contexts_own() -> None:
     ctx = JobContext.for_job(claimed_job(7)._replace(steps=stored), "w1", None)
     ctx.steps["c"] = 2
     assert stored == {"b": 1}
+
+
+def test_a_claimed_row_with_due_at_gives_it_in_seconds_of_the_monotonic_clock() -> None:
+    # The claim returns due_at as integer microseconds, last (after the meta, when asked).
+    timed = row_maker(meta=False, timed=True)((*claimed_job(7), 12_345_678))
+    assert isinstance(timed, ClaimedWithDue)
+    assert due_at(timed) == pytest.approx(12.345678)
+    both = row_maker(meta=True, timed=True)((*claimed_job(7), '{"a": 1}', 5_000_000))
+    assert isinstance(both, ClaimedWithMeta)
+    assert (both.meta, due_at(both)) == ('{"a": 1}', 5.0)
+    job = claimed_job(7)
+    plain = row_maker(meta=False, timed=False)(tuple(job))
+    assert (type(plain), plain) == (ClaimedJob, job)

@@ -8,14 +8,16 @@ from typing import Any
 import pytest
 
 from sqla_jobs import ConfigurationError, JobContext, Jobs
-from sqla_jobs.context import ClaimedJob, ClaimedWithMeta
+from sqla_jobs.context import ClaimedJob, ClaimedWithMeta, row_maker
 
 from ._claimed import claimed_job
 
 
 def with_meta(job: ClaimedJob, meta: Any) -> ClaimedWithMeta:
     """``job`` as a claim with meta returns it: the meta column after ClaimedJob's."""
-    return ClaimedWithMeta.from_row((*job, meta))
+    made = row_maker(meta=True, timed=False)((*job, meta))
+    assert isinstance(made, ClaimedWithMeta)
+    return made
 
 
 def context(job: ClaimedJob) -> JobContext:
