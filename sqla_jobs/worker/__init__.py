@@ -13,7 +13,9 @@ the listener (:mod:`~sqla_jobs.worker.listener`, which also makes an idle worker
 :mod:`~sqla_jobs.worker.handoff`), the heartbeats (:mod:`~sqla_jobs.worker.leases`), the reaper
 (:mod:`~sqla_jobs.worker.reaper`), the pruner (:mod:`~sqla_jobs.worker.pruner`), and the
 scheduler of :mod:`sqla_jobs.periodic`. :mod:`~sqla_jobs.worker.startup` waits for a primary and runs the checks
-before the threads start; :mod:`~sqla_jobs.worker.shutdown` is the graceful stop.
+before the threads start; :mod:`~sqla_jobs.worker.shutdown` is the graceful stop. :mod:`~sqla_jobs.worker.heap` sets the
+startup heap of a process that only runs a worker aside from garbage collection (``sqla-jobs
+worker`` calls it).
 
 Imports everything below it (observe, the facade, periodic, enqueue, db, sql); never the CLI, the
 dashboard or ``sqla_jobs.testing``.

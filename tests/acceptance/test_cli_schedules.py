@@ -126,10 +126,14 @@ def test_schedules_lists_the_declared_schedules_before_any_worker_ran_and_writes
 def test_options_may_come_before_the_app(fresh: Engine, migrated_url: str) -> None:
     """``schedules --json APP`` and ``schedules --database-url URL APP`` list as
     ``schedules list ...`` does: the implied ``list`` goes before the options."""
-    expected = cli(migrated_url, "schedules", "list", APP, "--json")
     for args in (("--json", APP), ("--database-url", migrated_url, "--json", APP)):
+        before = cli(migrated_url, "schedules", "list", APP, "--json")
         result = cli(migrated_url, "schedules", *args)
-        assert (result.returncode, result.stdout) == (0, expected.stdout), result.stderr
+        after = cli(migrated_url, "schedules", "list", APP, "--json")
+        assert result.returncode == 0, result.stderr
+        # The hourly schedule's next tick moves on if an hour starts between two calls: the
+        # listing must equal the explicit one's on one side of it.
+        assert result.stdout in (before.stdout, after.stdout), (result.stdout, before.stdout)
 
 
 def test_schedules_of_an_application_without_any_says_so_and_its_json_is_no_lines(
