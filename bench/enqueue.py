@@ -296,11 +296,14 @@ def bulk_table_floor(url: str, n: int) -> float:
             cur.execute("SELECT now()")
             row = cur.fetchone()
             assert row is not None
+            # By column name: a column enqueue_many adds (rate_key did) is None here, not a shift.
+            fixed = {"queue": "default", "kind": KIND, "priority": 0, "max_attempts": 10}
+            fixed.update(max_crashes=3, run_at=row[0])
+            columns = enqueue_sql.COPY_COLUMNS[1:]
             with cur.copy(copy_sql) as copy:
                 for p in payloads:
-                    copy.write_row(
-                        ("default", KIND, json.dumps(p), 0, 10, 3, None, None, None, row[0])
-                    )
+                    fixed["payload"] = json.dumps(p)
+                    copy.write_row(tuple(fixed.get(c) for c in columns))
         conn.commit()
         return n / (time.perf_counter() - t0)
 
