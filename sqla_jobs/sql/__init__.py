@@ -3,7 +3,8 @@ the worker's statements compiled once for psycopg (:mod:`~sqla_jobs.sql.compiled
 
 The concerns: :mod:`~sqla_jobs.sql.enqueue` and :mod:`~sqla_jobs.sql.unique` (writing jobs),
 :mod:`~sqla_jobs.sql.claim` (one builder, ``claim_jobs``, for every claim variant) over the loose
-index scans of :mod:`~sqla_jobs.sql.scans`, :mod:`~sqla_jobs.sql.outcomes` and
+index scans of :mod:`~sqla_jobs.sql.scans`, with what a claim returns in
+:mod:`~sqla_jobs.sql.claimed`, :mod:`~sqla_jobs.sql.outcomes` and
 :mod:`~sqla_jobs.sql.leases` (how a run ends, and its lease), :mod:`~sqla_jobs.sql.operations`,
 :mod:`~sqla_jobs.sql.schedules`, :mod:`~sqla_jobs.sql.listings` and :mod:`~sqla_jobs.sql.links`,
 :mod:`~sqla_jobs.sql.workflows` (job dependencies at enqueue; their triggers are the model's),

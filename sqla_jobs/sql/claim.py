@@ -11,19 +11,17 @@ from sqlalchemy import (
     ARRAY,
     BigInteger,
     ColumnElement,
-    Interval,
     Select,
     Text,
-    Update,
     bindparam,
-    cast,
     func,
-    literal_column,
     select,
     true,
     update,
 )
 
+from sqla_jobs.sql.claimed import CLAIMED_COLUMNS as CLAIMED_COLUMNS
+from sqla_jobs.sql.claimed import mark_claimed
 from sqla_jobs.sql.rate_limits import rated_pick
 from sqla_jobs.sql.scans import (
     crash_rule,
@@ -58,26 +56,6 @@ __all__ = [
 ]
 
 
-#: Columns a worker needs from a claimed job (``created_at`` returned as ``created_us``, integer
-#: microseconds since the epoch).
-CLAIMED_COLUMNS = (
-    job.c.id,
-    job.c.queue,
-    job.c.kind,
-    job.c.payload,
-    job.c.priority,
-    job.c.attempts,
-    job.c.max_attempts,
-    job.c.crashes,
-    job.c.max_crashes,
-    job.c.interruptions,
-    job.c.lease_token,
-    job.c.created_at,
-    job.c.concurrency_key,
-    job.c.steps,
-)
-
-
 def claim_jobs(
     *,
     keyed: bool,
@@ -105,7 +83,7 @@ def claim_jobs(
         picked = rated_pick(due)
     else:
         picked = _keyed_pick(due, for_testing) if keyed else _unkeyed_pick(due, for_testing)
-    return _mark_claimed(update(job).where(*picked), meta, due_at)
+    return mark_claimed(update(job).where(*picked), meta, due_at)
 
 
 def claim() -> Select[Any]:
@@ -332,56 +310,4 @@ def _per_key_rank(rows: Any) -> ColumnElement[int]:
             order_by=(rows.c.priority, rows.c.run_at, rows.c.id),
         )
         .label("rank")
-    )
-
-
-def _mark_claimed(stmt: Update, meta: bool, due_at: bool) -> Select[Any]:
-    # Rows in claim order (a batch's jobs start in the order they come): fetched by primary key,
-    # the UPDATE returns them in id order, so the statement sorts what it claimed.
-    columns = (*CLAIMED_COLUMNS, job.c.meta) if meta else CLAIMED_COLUMNS
-    claimed = (
-        stmt.values(
-            state=RUNNING,
-            attempts=job.c.attempts + 1,
-            # One token per claim, shared by the jobs it claims (an InitPlan, run once): the fence
-            # pairs it with each job's id, and a job claimed again gets a new one. Per row,
-            # gen_random_uuid() cost about 1.3 us of a claimed row's 7.
-            lease_token=select(func.gen_random_uuid()).scalar_subquery(),
-            lease_expires_at=func.now() + bindparam("lease", type_=Interval),
-            locked_by=bindparam("worker", type_=Text),
-        )
-        .returning(*columns, job.c.run_at)
-        .cte("claimed")
-    )
-    selected: list[ColumnElement[Any]] = [
-        _created_us(claimed) if c is job.c.created_at else claimed.c[c.name] for c in columns
-    ]
-    if due_at:
-        # Last, after the meta: a row's due_at is its last element (context.due_at).
-        selected.append(_due_at(claimed))
-    return select(*selected).order_by(claimed.c.priority, claimed.c.run_at, claimed.c.id)
-
-
-#: Microseconds per second, a literal of the statement (not a parameter).
-_MICROS: ColumnElement[int] = literal_column("1000000")
-
-
-def _created_us(claimed: Any) -> ColumnElement[int]:
-    # The job's created_at as integer microseconds since the epoch: a timestamptz costs the
-    # worker ~0.8 us per row to parse (a time zone conversion), an int8 almost nothing, and the
-    # worker builds ctx.created_at only when a handler reads it. Exact: a float8 epoch is within
-    # 0.25 us of the stored microsecond until 2255, and the cast rounds to the nearest.
-    epoch = func.date_part(literal_column("'epoch'"), claimed.c.created_at)
-    return cast(epoch * _MICROS, BigInteger).label("created_us")
-
-
-def _due_at(claimed: Any) -> ColumnElement[int]:
-    # When the job became due, in microseconds on the worker's time.monotonic() clock:
-    # ``monotonic_us`` is that clock when the worker sent the claim, and the job had then been
-    # due for now() - run_at by the database's clock (the clock run_at is on), so a worker whose
-    # own clock is off still measures its pickup delay right. An int8 rather than a float8 (half
-    # the cost to print and parse); only a worker with metrics or the throughput tally asks.
-    age = func.date_part(literal_column("'epoch'"), func.now() - claimed.c.run_at)
-    return (bindparam("monotonic_us", 0, type_=BigInteger) - cast(age * _MICROS, BigInteger)).label(
-        "due_us"
     )

@@ -19,6 +19,7 @@ from sqla_jobs import JobContext, Jobs, RateLimit, Retention, testing
 from sqla_jobs.db.connections import Connector
 from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.sql import claim as claim_sql
+from sqla_jobs.sql.claimed import mark_claimed
 from sqla_jobs.sql.compiled import compile_statement
 from sqla_jobs.sql.scans import due_now
 from sqla_jobs.sql.tables import job
@@ -178,7 +179,7 @@ def test_a_worker_before_rate_limits_claims_a_limited_job_as_if_unlimited(
     jobs.register("limited", Call, rate_limit=RateLimit(1, per=timedelta(minutes=10)))
     with Session(clean) as s, s.begin():
         jobs.enqueue_many(s, [Call(n=i) for i in range(3)])
-    old = claim_sql._mark_claimed(
+    old = mark_claimed(
         update(job).where(*claim_sql._unkeyed_pick(due_now(), True)),
         False,
         False,
