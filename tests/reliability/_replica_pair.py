@@ -13,7 +13,6 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,16 +24,11 @@ from typing import Any
 import psycopg
 import pytest
 
+from ._ports import ATTEMPTS, bind_failed, free_port, log_size, log_tail
+
 BIN = Path(os.environ.get("SQLA_JOBS_PG_BIN", "/usr/lib/postgresql/15/bin"))
 #: Seconds a server gets to start, or the standby to replay what the primary wrote.
 TIMEOUT = 60.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _owner() -> pwd.struct_passwd | None:
@@ -103,6 +97,26 @@ class Pair:
         if done.returncode != 0:
             raise AssertionError(f"{' '.join(argv)} failed: {done.stdout}{done.stderr}")
 
+    def start(self, server: str, settings: dict[str, str]) -> None:
+        """Start ``server`` with ``settings`` on its port; on another port if that one is taken."""
+        log = self.root / f"{server}.log"
+        for _ in range(ATTEMPTS):
+            port = self.primary_port if server == "primary" else self.standby_port
+            with open(self.root / server / "postgresql.conf", "a") as conf:
+                conf.write(_settings(port, self.root, settings))  # the last setting wins
+            since = log_size(log)
+            try:
+                self.run("pg_ctl", "-D", server, "-l", log.name, "-w", "start")
+                return
+            except AssertionError as exc:
+                if not bind_failed(log, since):
+                    raise AssertionError(f"{exc}\n{server}.log ends:\n{log_tail(log)}") from None
+            if server == "primary":
+                self.primary_port = free_port()
+            else:
+                self.standby_port = free_port()
+        raise AssertionError(f"the {server} found no free port in {ATTEMPTS} tries")
+
 
 def _settings(port: int, sockets: Path, extra: dict[str, str]) -> str:
     settings = {
@@ -130,25 +144,21 @@ def streaming_pair(standby_settings: dict[str, str] | None = None) -> Iterator[P
     root = Path(tempfile.mkdtemp(prefix="sqla-jobs-pair-"))
     if owner is not None:
         os.chown(root, owner.pw_uid, owner.pw_gid)
-    pair = Pair(root, _free_port(), _free_port(), owner)
+    pair = Pair(root, free_port(), free_port(), owner)
     started: list[str] = []
     try:
         pair.run(
             "initdb", "-D", "primary", "-U", "postgres", "--auth=trust", "--no-sync", "-E", "UTF8"
         )
-        with open(root / "primary" / "postgresql.conf", "a") as conf:
-            conf.write(_settings(pair.primary_port, root, {}))
-        pair.run("pg_ctl", "-D", "primary", "-l", "primary.log", "-w", "start")
         started.append("primary")
+        pair.start("primary", {})
         pair.run(
             "pg_basebackup",
             *("-h", "127.0.0.1", "-p", str(pair.primary_port), "-U", "postgres"),
             *("-D", "standby", "-R", "-X", "stream", "--no-sync"),
         )
-        with open(root / "standby" / "postgresql.conf", "a") as conf:
-            conf.write(_settings(pair.standby_port, root, standby_settings or {}))
-        pair.run("pg_ctl", "-D", "standby", "-l", "standby.log", "-w", "start")
         started.append("standby")
+        pair.start("standby", standby_settings or {})
         with pair.connect("standby") as standby:
             row = standby.execute("SELECT pg_is_in_recovery()").fetchone()
             assert row == (True,), "the standby is not in recovery"

@@ -27,7 +27,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -41,6 +40,8 @@ import psycopg
 
 from devdb import guarded
 from devdb._guardian import stop_all
+
+from ._ports import ATTEMPTS, bind_failed, free_port, log_size, log_tail
 
 #: The OS user the servers run as when the tests run as root.
 OS_USER = "postgres"
@@ -107,13 +108,6 @@ PG18 = Flavour("pg18", _embedded_bindir())
 FLAVOURS = (PG15, PG18)
 
 
-def free_port() -> int:
-    """A TCP port of 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _as_owner() -> dict[str, Any]:
     # subprocess's user=/group= switch to the servers' OS user in the child only.
     if os.geteuid() != 0:
@@ -155,6 +149,8 @@ class Node:
     sockdir: Path
     #: The postmaster's and its children's pids while frozen.
     frozen: list[int] = field(default_factory=list)
+    #: Whether the server has started once: from then on its port is in URLs, and kept.
+    started: bool = False
 
     @property
     def logfile(self) -> Path:
@@ -177,8 +173,21 @@ class Node:
             fh.write(f"\nport = {self.port}\nunix_socket_directories = '{self.sockdir}'\n")
 
     def start(self) -> None:
-        run_tool(self.flavour, "pg_ctl", "-D", str(self.pgdata), "-l", str(self.logfile), "-w",
-                 "-t", "60", "start")  # fmt: skip
+        """Start the server; the first start moves to another port if its own is taken."""
+        for attempt in range(1, ATTEMPTS + 1):
+            since = log_size(self.logfile)
+            try:
+                run_tool(self.flavour, "pg_ctl", "-D", str(self.pgdata), "-l", str(self.logfile),
+                         "-w", "-t", "60", "start")  # fmt: skip
+                self.started = True
+                return
+            except RuntimeError as exc:
+                moved = not self.started and attempt < ATTEMPTS
+                if not (moved and bind_failed(self.logfile, since)):
+                    raise RuntimeError(f"{exc}\n{self.logfile.name} ends:\n"
+                                       f"{log_tail(self.logfile)}") from None  # fmt: skip
+            self.port = free_port()
+            self.configure()
 
     def stop(self, mode: str = "fast") -> None:
         """``pg_ctl stop -m MODE``: ``fast`` is a clean shutdown (clients get AdminShutdown),

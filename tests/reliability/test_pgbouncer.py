@@ -19,7 +19,6 @@ import os
 import pwd
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from sqlalchemy.orm import Session
 from sqla_jobs import Backoff, JobContext, Jobs, Worker
 from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
 from tests.reliability import edge_app
+from tests.reliability._ports import free_port
 from tests.reliability.conftest import Figures, injects, scaled
 from tests.reliability.edge_app import EFFECTS_DDL, EFFECTS_TABLE, Hold, edge_workers, wait_for
 
@@ -89,13 +89,6 @@ def pgbouncer_version(binary: str) -> tuple[int, ...]:
     found = re.search(r"PgBouncer (\d+)\.(\d+)(?:\.(\d+))?", out)
     assert found, f"cannot read the PgBouncer version from {out!r}"
     return tuple(int(g or 0) for g in found.groups())
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def run_as_user(server_host: str) -> pwd.struct_passwd | None:

@@ -29,7 +29,8 @@ from sqla_jobs.db.urls import sqlalchemy_url
 from tests.conftest import alembic_config
 from tests.integration._dashboard import add_jobs, dashboard, make_jobs, post, set_state, state_of
 
-from ._replica_pair import Pair, _free_port, streaming_pair
+from ._ports import free_port
+from ._replica_pair import Pair, streaming_pair
 
 DB = "sqla_jobs_replicas"
 _STATE = re.compile(r'<span class="state state-(\w+)">')
@@ -191,7 +192,7 @@ def test_a_multi_host_read_url_with_prefer_standby_reads_the_standby_listed_seco
 def test_an_unreachable_read_url_is_a_clear_page_not_a_traceback(
     pair: Pair, primary: Engine, caplog: pytest.LogCaptureFixture
 ) -> None:
-    nowhere = f"postgresql://postgres@127.0.0.1:{_free_port()}/{DB}?connect_timeout=2"
+    nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/{DB}?connect_timeout=2"
     with dashboard(pair.url("primary", DB), jobs=make_jobs(), read_url=nowhere) as client:
         page = client.get("/")
     assert page.status_code == 503
@@ -261,7 +262,7 @@ def test_cli_stats_with_the_primary_down_reads_the_replica_alone_and_says_so(
 ) -> None:
     """The moment an operator reaches for the replica is when the primary is down: ``stats``
     then counts on the replica, says in one line that the primary did not answer, and exits 0."""
-    nowhere = f"postgresql://postgres@127.0.0.1:{_free_port()}/{DB}?connect_timeout=2"
+    nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/{DB}?connect_timeout=2"
     monkeypatch.setenv("DATABASE_URL", nowhere)
     code, out, err = cli(capsys, "stats", "--json", "--read-url", pair.url("standby", DB))
     assert code == 0, err
@@ -275,7 +276,7 @@ def test_an_unreachable_read_url_is_one_line_in_the_cli(
     pair: Pair, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DATABASE_URL", pair.url("primary", DB))
-    nowhere = f"postgresql://postgres@127.0.0.1:{_free_port()}/{DB}?connect_timeout=2"
+    nowhere = f"postgresql://postgres@127.0.0.1:{free_port()}/{DB}?connect_timeout=2"
     for argv in (["jobs", "list"], ["jobs", "show", "1"], ["queues"], ["stats"]):
         code, _out, err = cli(capsys, *argv, "--read-url", nowhere)
         assert code == 3, (argv, err)

@@ -3,11 +3,31 @@ nothing behind (see ``_standby``)."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
+import pytest
 
+from tests.reliability import _replica_pair, _standby
 from tests.reliability._standby import Pair
+
+
+@contextlib.contextmanager
+def taken_port() -> Iterator[int]:
+    """A port another process listens on for as long as the block runs."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def _first(port: int, then: Callable[[], int], times: int = 1) -> Callable[[], int]:
+    """A ``free_port`` that gives ``port`` for its first ``times`` calls, then free ones."""
+    given = iter([port] * times)
+    return lambda: next(given, None) or then()
 
 
 def test_the_standby_streams_and_only_the_primary_waits_for_it(ha_pair: Pair) -> None:
@@ -40,3 +60,27 @@ def test_read_only_freeze_and_teardown_leave_no_server_behind(ha_servers: Any) -
         base = pair.primary.pgdata.parent
     assert not base.exists()
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+def test_a_pair_whose_ports_are_taken_starts_on_others(
+    ha_servers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parallel test may take a chosen port before the server binds it: the server moves"""
+    with taken_port() as port:
+        monkeypatch.setattr(_standby, "free_port", _first(port, _standby.free_port))
+        with ha_servers.pair() as pair:
+            assert port not in (pair.primary.port, pair.standby.port)
+            pair.wait_streaming()
+            assert pair.standby.in_recovery()
+
+
+def test_a_replica_pair_whose_ports_are_taken_starts_on_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The read-replica tests' pair moves too, and both of its servers still answer"""
+    with taken_port() as port:
+        monkeypatch.setattr(_replica_pair, "free_port", _first(port, _replica_pair.free_port, 2))
+        with _replica_pair.streaming_pair() as pair:
+            assert port not in (pair.primary_port, pair.standby_port)
+            with pair.connect("standby") as standby:
+                assert standby.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
