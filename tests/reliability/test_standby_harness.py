@@ -11,7 +11,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.reliability import _replica_pair, _standby
+from tests.reliability import _ports, _replica_pair, _standby
 from tests.reliability._standby import Pair
 
 
@@ -67,7 +67,7 @@ def test_a_pair_whose_ports_are_taken_starts_on_others(
 ) -> None:
     """A parallel test may take a chosen port before the server binds it: the server moves"""
     with taken_port() as port:
-        monkeypatch.setattr(_standby, "free_port", _first(port, _standby.free_port))
+        monkeypatch.setattr(_standby, "free_port", _first(port, _ports.free_port))
         with ha_servers.pair() as pair:
             assert port not in (pair.primary.port, pair.standby.port)
             pair.wait_streaming()
@@ -79,7 +79,7 @@ def test_a_replica_pair_whose_ports_are_taken_starts_on_others(
 ) -> None:
     """The read-replica tests' pair moves too, and both of its servers still answer"""
     with taken_port() as port:
-        monkeypatch.setattr(_replica_pair, "free_port", _first(port, _replica_pair.free_port, 2))
+        monkeypatch.setattr(_replica_pair, "free_port", _first(port, _ports.free_port, 2))
         with _replica_pair.streaming_pair() as pair:
             assert port not in (pair.primary_port, pair.standby_port)
             with pair.connect("standby") as standby:
