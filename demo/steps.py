@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,7 +20,7 @@ from sqla_jobs.observe.stats import collect, render
 from .console import short_error
 from .invoices import DemoBase, Invoice, SendInvoice, payloads
 from .threads import Sampler, wait_for
-from .tour import HEARTBEAT, LEASE, POLL, SLOTS, WAITING_ON_LOCKS, Demo
+from .tour import HEARTBEAT, LEASE, POLL, SLOTS, WAITING_ON_OTHERS, WAITING_ON_ROWS, Demo
 
 
 def migrate(demo: Demo) -> None:
@@ -136,20 +137,24 @@ def work(demo: Demo) -> None:
         f"loop claims up to {SLOTS} jobs in ONE statement (UPDATE ... FROM a MATERIALIZED "
         "SELECT ... FOR UPDATE SKIP LOCKED) and runs them as asyncio tasks. Finished jobs are "
         "deleted (kept in sqla_jobs_history here, so we can look). A sampler watches "
-        "pg_stat_activity for connections waiting on a lock."
+        "pg_stat_activity for connections waiting on a row lock, which SKIP LOCKED spares."
     )
     peak = {"running": 0}
 
     def on_sample(row: Sequence[Any]) -> None:
-        waiting, running = int(row[0]), int(row[1])
+        waiting, running = int(row[0]), int(row[2])
         if running >= SLOTS > peak["running"]:
-            c.event(f"db: {running} jobs running at once, {waiting} connections waiting on a lock")
+            c.event(
+                f"db: {running} jobs running at once, {waiting} connections waiting on a row lock"
+            )
         peak["running"] = max(peak["running"], running)
 
     running_jobs = (
         select(func.count()).select_from(Job).where(Job.state == "running").scalar_subquery()
     )
-    sampler = Sampler(demo.queue, select(WAITING_ON_LOCKS, running_jobs), 0.02, on_sample)
+    sampler = Sampler(
+        demo.queue, select(WAITING_ON_ROWS, WAITING_ON_OTHERS, running_jobs), 0.02, on_sample
+    )
     demo.samplers.append(sampler)
     c.say()
     c.restart_clock()
@@ -166,11 +171,18 @@ def work(demo: Demo) -> None:
         f"failed {counts['failed']}, dead {counts['dead']}"
     )
     waits = [int(r[0]) for r in sampler.rows]
+    others = Counter(e for r in sampler.rows if r[1] for e in str(r[1]).split(", "))
     c.say()
     c.say(
         f"sampled every 20 ms ({len(waits)} samples): at most {peak['running']} jobs running at "
-        f"once; samples with a connection waiting on a lock: {sum(1 for w in waits if w)}"
+        f"once; samples with a connection waiting on a row lock: {sum(1 for w in waits if w)}"
     )
+    if others:
+        seen = ", ".join(f"{event} {n}" for event, n in sorted(others.items()))
+        growing = (
+            " 'extend' is two connections growing a table at once." if "extend" in others else ""
+        )
+        c.explain(f"(Samples with other lock waits: {seen}.{growing} None of them is a row lock.)")
     if peak["running"] > SLOTS:
         c.explain(
             f"(More than {SLOTS}: a slot takes its next job as soon as its handler returns, "

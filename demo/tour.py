@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Executable, column, create_engine, func, select, table
+from sqlalchemy import Engine, Executable, column, create_engine, func, literal, select, table
 
 from sqla_jobs import Jobs
 from sqla_jobs.db.urls import sqlalchemy_url
@@ -32,13 +32,27 @@ POLL = 0.2
 
 #: The server's view of its sessions (an explicit schema: never translated).
 _ACTIVITY = table(
-    "pg_stat_activity", column("datname"), column("wait_event_type"), schema="pg_catalog"
+    "pg_stat_activity",
+    column("datname"),
+    column("wait_event_type"),
+    column("wait_event"),
+    schema="pg_catalog",
 )
-#: Sessions of this database waiting on a lock, now.
-WAITING_ON_LOCKS = (
+#: What ``SKIP LOCKED`` spares a claim: waiting for a row another transaction holds.
+ROW_LOCKS = ("transactionid", "tuple")
+_HERE = _ACTIVITY.c.datname == func.current_database()
+_LOCK = _ACTIVITY.c.wait_event_type == "Lock"
+#: Sessions of this database waiting on a row lock, now.
+WAITING_ON_ROWS = (
     select(func.count())
     .select_from(_ACTIVITY)
-    .where(_ACTIVITY.c.datname == func.current_database(), _ACTIVITY.c.wait_event_type == "Lock")
+    .where(_HERE, _LOCK, _ACTIVITY.c.wait_event.in_(ROW_LOCKS))
+    .scalar_subquery()
+)
+#: The other locks sessions of this database wait on now (``extend``: a table growing), or None.
+WAITING_ON_OTHERS = (
+    select(func.string_agg(_ACTIVITY.c.wait_event, literal(", ")))
+    .where(_HERE, _LOCK, _ACTIVITY.c.wait_event.not_in(ROW_LOCKS))
     .scalar_subquery()
 )
 
