@@ -7,6 +7,7 @@ pruner deleting old minutes."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
 from datetime import timedelta
 
@@ -14,10 +15,11 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
-from sqla_jobs import Jobs, Retention, Worker
+from sqla_jobs import JobContext, Jobs, Retention, Worker
 from sqla_jobs.observe.tally import Tally
 from sqla_jobs.observe.throughput import Minute, recent
 from sqla_jobs.worker.pruner import THROUGHPUT, Pruner
+from tests._waiting import DEADLINE
 from tests.integration._workers import running_workers, wait_until
 from tests.integration.test_metrics import (
     Failing,
@@ -124,9 +126,22 @@ def test_the_reaper_records_a_crash(empty: Engine, migrated_url: str) -> None:
 def test_two_workers_add_their_counts_to_the_same_minute_row(
     empty: Engine, migrated_url: str
 ) -> None:
-    jobs, _ = make_jobs()
+    jobs = Jobs()
+    started_by: set[str] = set()
+    both = threading.Event()
+
+    @jobs.kind("task", Task, queue="m1")
+    def task(args: Task, ctx: JobContext) -> None:
+        # Neither worker's jobs finish until the other has started one: a worker that claimed
+        # first could otherwise drain the queue alone on a loaded machine.
+        started_by.add(ctx.worker)
+        if len(started_by) == 2:
+            both.set()
+        assert both.wait(DEADLINE), "the other worker never started a job"
+
     n = 200
-    with running_workers(jobs, migrated_url, count=2, **fast()) as workers:
+    # No prefetch: a worker claims no more than its 8 slots, and leaves the rest to the other.
+    with running_workers(jobs, migrated_url, count=2, **fast(prefetch=0)) as workers:
         enqueue(empty, jobs, [Task() for _ in range(n)])
         wait_until(lambda: _done(workers) == n, what="drained")
     minutes = read(empty, jobs)
