@@ -49,14 +49,18 @@ def test_holds_the_embedded_server(server_url):
 
 
 def servers(tmp: Path) -> list[psutil.Process]:
-    """The postmasters whose data directory (``-D``) is under ``tmp``."""
+    """The postmasters whose data directory (``-D``) is under ``tmp``.
+
+    A process the postmaster has just forked (a backend, an autovacuum worker) has its command
+    line until it sets its own title: a process whose parent matches too is one of those."""
     found = []
-    for proc in psutil.process_iter(["cmdline"]):
+    for proc in psutil.process_iter(["cmdline", "ppid"]):
         cmd = proc.info["cmdline"] or []
         postmaster = cmd and Path(cmd[0]).name == "postgres" and "-D" in cmd[:-1]
         if postmaster and cmd[cmd.index("-D") + 1].startswith(f"{tmp}/"):
             found.append(proc)
-    return found
+    pids = {p.pid for p in found}
+    return [p for p in found if p.info["ppid"] not in pids]
 
 
 def data_dirs(tmp: Path) -> list[Path]:
@@ -230,3 +234,28 @@ def test_killing_an_xdist_controller_stops_its_workers_servers_and_removes_their
     run.wait_servers_up(2)
     run.proc.send_signal(sig)  # to the controller alone
     run.wait_nothing_left()
+
+
+def test_a_postmaster_s_fresh_fork_is_not_counted_as_another_server(tmp_path: Path) -> None:
+    """A forked child keeps its parent's command line until it renames itself (a backend does at
+    once, but not before a sampling can see it): only the parent is a server."""
+    # sh's subshell is a fork that keeps the command line, as a postmaster's child does.
+    script = "(sleep 60; true) & wait"
+    proc = subprocess.Popen(["postgres", "-c", script, "-D", f"{tmp_path}/data"], executable="sh")
+    try:
+
+        def both_seen() -> bool:
+            twins = [
+                p
+                for p in psutil.process_iter(["cmdline"])
+                if (p.info["cmdline"] or [])[-1:] == [f"{tmp_path}/data"]
+            ]
+            return len(twins) == 2
+
+        wait_until(both_seen, "the shell and its forked subshell")
+        assert [p.pid for p in servers(tmp_path)] == [proc.pid]
+    finally:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        proc.wait()
