@@ -122,6 +122,9 @@ def fail_over(
         counted = throughput_mark(new)
         first = run.first_run_after(new, promoted_at)
         run.wait_effects(new, after, since=promoted_at)
+        # At least one run after the count was read, before the enqueue stops: on a loaded
+        # machine every run since the promotion could be in before it.
+        run.wait_effects(new, 1, since=counted[1])
         then(promoted_at)
         registry_beaten(new, run, promoted_at)
         alive = workers_alive(run)
