@@ -20,7 +20,7 @@ from sqla_jobs.observe.stats import collect, render
 from .console import short_error
 from .invoices import DemoBase, Invoice, SendInvoice, payloads
 from .threads import Sampler, wait_for
-from .tour import HEARTBEAT, LEASE, POLL, SLOTS, WAITING_ON_OTHERS, WAITING_ON_ROWS, Demo
+from .tour import CLAIMS_WAITING, HEARTBEAT, LEASE, OTHER_WAITS, POLL, SLOTS, Demo
 
 
 def migrate(demo: Demo) -> None:
@@ -137,23 +137,21 @@ def work(demo: Demo) -> None:
         f"loop claims up to {SLOTS} jobs in ONE statement (UPDATE ... FROM a MATERIALIZED "
         "SELECT ... FOR UPDATE SKIP LOCKED) and runs them as asyncio tasks. Finished jobs are "
         "deleted (kept in sqla_jobs_history here, so we can look). A sampler watches "
-        "pg_stat_activity for connections waiting on a row lock, which SKIP LOCKED spares."
+        "pg_stat_activity for claims waiting on a row lock, which SKIP LOCKED spares them."
     )
     peak = {"running": 0}
 
     def on_sample(row: Sequence[Any]) -> None:
         waiting, running = int(row[0]), int(row[2])
         if running >= SLOTS > peak["running"]:
-            c.event(
-                f"db: {running} jobs running at once, {waiting} connections waiting on a row lock"
-            )
+            c.event(f"db: {running} jobs running at once, {waiting} claims waiting on a row lock")
         peak["running"] = max(peak["running"], running)
 
     running_jobs = (
         select(func.count()).select_from(Job).where(Job.state == "running").scalar_subquery()
     )
     sampler = Sampler(
-        demo.queue, select(WAITING_ON_ROWS, WAITING_ON_OTHERS, running_jobs), 0.02, on_sample
+        demo.queue, select(CLAIMS_WAITING, OTHER_WAITS, running_jobs), 0.02, on_sample
     )
     demo.samplers.append(sampler)
     c.say()
@@ -171,18 +169,19 @@ def work(demo: Demo) -> None:
         f"failed {counts['failed']}, dead {counts['dead']}"
     )
     waits = [int(r[0]) for r in sampler.rows]
-    others = Counter(e for r in sampler.rows if r[1] for e in str(r[1]).split(", "))
+    others = Counter(w for r in sampler.rows if r[1] for w in str(r[1]).split("; "))
     c.say()
     c.say(
         f"sampled every 20 ms ({len(waits)} samples): at most {peak['running']} jobs running at "
-        f"once; samples with a connection waiting on a row lock: {sum(1 for w in waits if w)}"
+        f"once; samples with a claim waiting on a row lock: {sum(1 for w in waits if w)}"
     )
     if others:
-        seen = ", ".join(f"{event} {n}" for event, n in sorted(others.items()))
-        growing = (
-            " 'extend' is two connections growing a table at once." if "extend" in others else ""
+        seen = "; ".join(f"{wait} ({n} samples)" for wait, n in sorted(others.items()))
+        c.explain(
+            f"(Other lock waits: {seen}. Not claims: an outcome write can wait a moment for the "
+            "worker's own heartbeat, which holds a running job's row while it renews the lease; "
+            "'extend' is a table growing.)"
         )
-        c.explain(f"(Samples with other lock waits: {seen}.{growing} None of them is a row lock.)")
     if peak["running"] > SLOTS:
         c.explain(
             f"(More than {SLOTS}: a slot takes its next job as soon as its handler returns, "

@@ -13,7 +13,18 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Engine, Executable, column, create_engine, func, literal, select, table
+from sqlalchemy import (
+    Engine,
+    Executable,
+    and_,
+    column,
+    create_engine,
+    func,
+    literal,
+    not_,
+    select,
+    table,
+)
 
 from sqla_jobs import Jobs
 from sqla_jobs.db.urls import sqlalchemy_url
@@ -36,23 +47,32 @@ _ACTIVITY = table(
     column("datname"),
     column("wait_event_type"),
     column("wait_event"),
+    column("query"),
     schema="pg_catalog",
 )
 #: What ``SKIP LOCKED`` spares a claim: waiting for a row another transaction holds.
 ROW_LOCKS = ("transactionid", "tuple")
 _HERE = _ACTIVITY.c.datname == func.current_database()
 _LOCK = _ACTIVITY.c.wait_event_type == "Lock"
-#: Sessions of this database waiting on a row lock, now.
-WAITING_ON_ROWS = (
-    select(func.count())
-    .select_from(_ACTIVITY)
-    .where(_HERE, _LOCK, _ACTIVITY.c.wait_event.in_(ROW_LOCKS))
-    .scalar_subquery()
+#: A claim: every claim statement, and no other, sets its rows running.
+_CLAIMING = _ACTIVITY.c.query.contains("SET state='running'")
+_CLAIM_ON_A_ROW = and_(_HERE, _LOCK, _ACTIVITY.c.wait_event.in_(ROW_LOCKS), _CLAIMING)
+#: Claims of this database waiting on a row lock, now.
+CLAIMS_WAITING = (
+    select(func.count()).select_from(_ACTIVITY).where(_CLAIM_ON_A_ROW).scalar_subquery()
 )
-#: The other locks sessions of this database wait on now (``extend``: a table growing), or None.
-WAITING_ON_OTHERS = (
-    select(func.string_agg(_ACTIVITY.c.wait_event, literal(", ")))
-    .where(_HERE, _LOCK, _ACTIVITY.c.wait_event.not_in(ROW_LOCKS))
+#: Every other lock wait of this database now, as "event: the statement's start", or None: an
+#: outcome write waiting a moment for the heartbeat's renewal of its row, a table growing.
+OTHER_WAITS = (
+    select(
+        func.string_agg(
+            _ACTIVITY.c.wait_event
+            + literal(": ")
+            + func.left(func.regexp_replace(_ACTIVITY.c.query, r"\s+", " ", "g"), 40),
+            literal("; "),
+        )
+    )
+    .where(_HERE, _LOCK, not_(_CLAIM_ON_A_ROW))
     .scalar_subquery()
 )
 

@@ -1,7 +1,9 @@
-"""The demo's lock sampler tells a row-lock wait (what SKIP LOCKED spares a claim) from the others.
+"""The demo's lock sampler tells a claim waiting on a row lock (what SKIP LOCKED spares it) from
+every other lock wait, which it names.
 
 Its step 4 once reported a lock wait during a drain that no claim had made: it counted every
-session waiting on any lock, a relation extension lock of a growing table among them.
+session waiting on any lock. A later run showed one on a row: an outcome write can wait a moment
+for the worker's own heartbeat, which holds the running job's row while it renews the lease.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Connection, Engine, select, text
 
-from demo.tour import WAITING_ON_OTHERS, WAITING_ON_ROWS
+from demo.tour import CLAIMS_WAITING, OTHER_WAITS
 from tests._waiting import wait_until
 
 KEY = 731_205
@@ -21,8 +23,8 @@ KEY = 731_205
 @pytest.fixture
 def probe(engine: Engine) -> Iterator[Engine]:
     with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE demo_lock_probe (id int PRIMARY KEY, v int)"))
-        conn.execute(text("INSERT INTO demo_lock_probe VALUES (1, 0)"))
+        conn.execute(text("CREATE TABLE demo_lock_probe (id int PRIMARY KEY, state text)"))
+        conn.execute(text("INSERT INTO demo_lock_probe VALUES (1, 'pending'), (2, 'running')"))
     yield engine
     with engine.begin() as conn:
         conn.execute(text("DROP TABLE demo_lock_probe"))
@@ -49,20 +51,29 @@ def _blocked(engine: Engine, statement: str) -> threading.Thread:
     return thread
 
 
-def test_a_row_lock_wait_is_counted_and_an_advisory_one_is_named_apart(probe: Engine) -> None:
+def test_a_claim_on_a_locked_row_is_counted_and_other_waits_are_named(probe: Engine) -> None:
     with probe.connect() as holder:
         tx = holder.begin()
-        holder.execute(text("UPDATE demo_lock_probe SET v = 1 WHERE id = 1"))
+        holder.execute(text("SELECT id FROM demo_lock_probe FOR UPDATE"))
         holder.execute(text(f"SELECT pg_advisory_xact_lock({KEY})"))
-        row_waiter = _blocked(probe, "UPDATE demo_lock_probe SET v = 2 WHERE id = 1")
-        other_waiter = _blocked(probe, f"SELECT pg_advisory_xact_lock({KEY})")
-        wait_until(lambda: _waits(probe) == 2, "both sessions waiting on their lock")
+        waiters = [
+            # A claim without SKIP LOCKED: it sets its row running, and waits.
+            _blocked(probe, "UPDATE demo_lock_probe SET state='running' WHERE id = 1"),
+            # An outcome write waiting for the row's holder (the heartbeat, in a worker).
+            _blocked(probe, "DELETE FROM demo_lock_probe WHERE id = 2"),
+            _blocked(probe, f"SELECT pg_advisory_xact_lock({KEY})"),
+        ]
+        wait_until(lambda: _waits(probe) == 3, "the three sessions waiting on their locks")
         with probe.connect() as sampler:
-            seen = _sample(sampler)
+            claims, others = _sample(sampler)
         tx.rollback()
-    row_waiter.join(10)
-    other_waiter.join(10)
-    assert seen == (1, "advisory")
+    for waiter in waiters:
+        waiter.join(10)
+    assert claims == 1
+    assert sorted((others or "").split("; ")) == [
+        f"advisory: SELECT pg_advisory_xact_lock({KEY})",
+        "transactionid: DELETE FROM demo_lock_probe WHERE id = 2",
+    ]
 
 
 def test_no_lock_wait_samples_as_zero_and_none(probe: Engine) -> None:
@@ -71,5 +82,5 @@ def test_no_lock_wait_samples_as_zero_and_none(probe: Engine) -> None:
 
 
 def _sample(conn: Connection) -> tuple[int, str | None]:
-    row = conn.execute(select(WAITING_ON_ROWS, WAITING_ON_OTHERS)).one()
+    row = conn.execute(select(CLAIMS_WAITING, OTHER_WAITS)).one()
     return int(row[0]), row[1]
