@@ -166,6 +166,12 @@ class Reconnects:
         self._seen = self._outage.starts
         self.failures = 0
 
+    def mark(self) -> int:
+        """The outage account as a step begins, for its :meth:`ok` (``since``): the step's
+        success proves the connection worked as of then. An outage another thread began meanwhile
+        (the server went down just after the step's statement) is not one it lived through."""
+        return self._outage.starts
+
     def lost(self, exc: BaseException) -> float:
         """Count a failure; tell the outage account; the seconds to wait before the next try
         (doubling, capped, with jitter so that a fleet does not reconnect in step)."""
@@ -181,16 +187,20 @@ class Reconnects:
         )
         return delay
 
-    def ok(self, conn: Conn | AsyncConn | None = None, *, used: bool = True) -> None:
+    def ok(
+        self, conn: Conn | AsyncConn | None = None, *, used: bool = True, since: int | None = None
+    ) -> None:
         """The connection works again; ``conn``, when given and on a server that takes writes,
         ends the process's outage (a step that says nothing of its connection does not). A step
         that ``used`` such a ``conn``, or an idle one whose socket is :func:`quiet` after the
-        outage, also marks it as working since the latest outage began: its next failure is
-        news, not that outage's echo."""
+        outage, also marks it as working since the latest outage that began before ``since``
+        (:meth:`mark` as the step began; default: now): its next failure is news, not that
+        outage's echo."""
         outage = self._outage
+        began = outage.starts if since is None else since
         if not self.failures:
             if (
-                self._seen != outage.starts
+                self._seen < began
                 and conn is not None
                 and not conn.closed
                 and takes_writes(conn)
@@ -198,7 +208,7 @@ class Reconnects:
                 # through it: its next failure is news too (a claim lane used now and then).
                 and (used or (not outage.active and quiet(conn)))
             ):
-                self._seen = outage.starts
+                self._seen = began
             return
         if conn is None or conn.closed:
             self.failures = 0
@@ -227,8 +237,9 @@ def serve(
     pause = wait or stop.wait
     while not stop.is_set():
         try:
+            since = reconnects.mark()
             seconds = step()
-            reconnects.ok(current() if current is not None else None)
+            reconnects.ok(current() if current is not None else None, since=since)
         except Exception as exc:
             if not (isinstance(exc, errors) or should_reconnect(exc)):
                 raise

@@ -97,18 +97,19 @@ class FetchLoop:
         while not wakeups.stopping:
             wakeups.event.clear()
             self._slots.fill()
+            since = reconnects.mark()
             if not reconnects.failures:
                 # Before the lane's next trip: an idle connection that lived through another
                 # connection's outage (its socket quiet) reports its own next fault as news, not
                 # as that outage's echo. One comparison unless an outage came since it worked.
-                reconnects.ok(lane.conn, used=False)
+                reconnects.ok(lane.conn, used=False, since=since)
             try:
                 trips = lane.trips
                 progressed = await self._step(lane)
                 if lane.conn is not None:
                     # A step without a connection (lane 1 idle since its loss) says nothing: its
                     # failure stands until a connection of its own works, which ends the outage.
-                    reconnects.ok(lane.conn, used=lane.trips != trips)
+                    reconnects.ok(lane.conn, used=lane.trips != trips, since=since)
                 refused = 0
             except psycopg.Error as exc:
                 if should_reconnect(exc):

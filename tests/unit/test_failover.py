@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from typing import cast
 
 import psycopg
@@ -16,7 +17,7 @@ from sqlalchemy.exc import OperationalError as SAOperationalError
 
 from sqla_jobs import Jobs
 from sqla_jobs._outcome import LOST_RETRY_US, failed
-from sqla_jobs.db.connections import Conn, Reconnects, should_reconnect
+from sqla_jobs.db.connections import Conn, Reconnects, serve, should_reconnect
 from sqla_jobs.db.failover import caused_by_lost, is_lost, is_lost_state
 from sqla_jobs.db.outage import Outage
 
@@ -301,3 +302,36 @@ def test_the_reapers_grace_outlasts_the_slowest_heartbeat_back_from_the_same_out
     longest = max(reconnects.lost(KILLED) for _ in range(40))
     slowest_renewal = longest + keeper._connect_timeout + beat
     assert reap_grace(lease, beat) >= lease + slowest_renewal
+
+
+def test_a_step_whose_statement_ran_just_before_the_outage_began_echoes_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seen in CI (test_async_replication_counts_what_it_loses[pg18]): the lease thread's step
+    ran its statement on the old primary a moment before the primary stopped, and told its
+    success just after the listener had begun the outage. Counted as working since that outage
+    began, its connection's next failure, a second later on the dead server, was said as a new
+    outage (two more lines). The step's success counts from when the step began."""
+    outage = Outage(clock=Clock())
+    listener = Reconnects("listener", "listener_lost", outage=outage)
+    lease = Reconnects("lease connection", "lease_conn_lost", outage=outage)
+    stop = threading.Event()
+    steps = iter(["ran", "dead", "back"])
+
+    def step() -> float:
+        what = next(steps)
+        if what == "ran":
+            # The statement worked; the primary stops now, and the listener notices first.
+            listener.lost(KILLED)
+            listener.ok(PRIMARY)
+        elif what == "dead":
+            raise KILLED
+        else:
+            stop.set()
+        return 0.0
+
+    with caplog.at_level(logging.WARNING, logger="sqla_jobs.worker"):
+        serve(stop, step, lease, close=lambda: None, wait=lambda s: None, current=lambda: PRIMARY)
+    said = _said(caplog)
+    assert len(said) == 2, said
+    assert said[0].startswith("database connection lost (listener")
