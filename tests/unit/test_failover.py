@@ -4,6 +4,7 @@ raises)."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import socket
 import threading
@@ -132,7 +133,11 @@ class Primary:
         return self.sock.fileno()
 
 
-PRIMARY = cast(Conn, Primary())
+_PRIMARY = Primary()
+PRIMARY = cast(Conn, _PRIMARY)
+# Closed when the test process exits: left to the collector, they warn (ResourceWarning).
+atexit.register(_PRIMARY.server.close)
+atexit.register(_PRIMARY.sock.close)
 #: A connection ended by the server (pg_terminate_backend, a clean shutdown): never raised here.
 KILLED = errors.AdminShutdown("terminating connection due to administrator command")
 
