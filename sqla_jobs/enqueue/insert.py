@@ -141,7 +141,8 @@ def _insert_one(
 
 def _attach(session: Session, values: list[Any], filled: Sequence[Any]) -> Job:
     """The inserted job as a persistent ``Job`` in ``session``, without loading it back: the
-    database's values (``filled``: :data:`enqueue_sql.FILLED_COLUMNS`) plus what was bound
+    database's values (``filled``: :data:`enqueue_sql.FILLED_COLUMNS`, and
+    :data:`enqueue_sql.NEW_ROW_DEFAULTS`) plus what was bound
     (``values``: the job's, in :data:`_row.NAMES` order; its JSON texts are parsed in place). This is
     what an ORM load of the RETURNING row would give, at a fraction of the cost on the hot path.
 
@@ -154,6 +155,7 @@ def _attach(session: Session, values: list[Any], filled: Sequence[Any]) -> Job:
     obj = _new_instance()
     d = obj.__dict__
     d.update(_UNSET)
+    d.update(enqueue_sql.NEW_ROW_DEFAULTS)
     d.update(zip(_FILLED_KEYS, filled, strict=True))
     for i in _JSON_AT:
         if values[i] is not None:
@@ -178,7 +180,9 @@ _JSON_AT = tuple(i for i, c in enumerate(_row.COLUMNS) if c.json)
 #: The columns neither written nor filled by the insert: NULL in a new row, set so that reading
 #: them does not load the row.
 _UNSET = dict.fromkeys(
-    c.key for c in _JOB_MAPPER.column_attrs if c.key not in {*_FILLED_KEYS, *_row.NAMES}
+    c.key
+    for c in _JOB_MAPPER.column_attrs
+    if c.key not in {*_FILLED_KEYS, *enqueue_sql.NEW_ROW_DEFAULTS, *_row.NAMES}
 )
 _new_instance = _JOB_MAPPER.class_manager.new_instance
 _IDENTITY_CLASS = _JOB_MAPPER._identity_class

@@ -46,6 +46,7 @@ __all__ = [
     "COPY_COLUMNS",
     "COPY_SAVEPOINT",
     "FILLED_COLUMNS",
+    "NEW_ROW_DEFAULTS",
     "bound_values",
     "copy_jobs",
     "insert_job",
@@ -57,22 +58,16 @@ __all__ = [
 ]
 
 
-#: What the database fills in when a job is inserted: an insert returns these, and enqueue builds
-#: the rest of the ``Job`` from what it bound.
-FILLED_COLUMNS = (
-    job.c.id,
-    job.c.state,
-    job.c.run_at,
-    job.c.attempts,
-    job.c.crashes,
-    job.c.interruptions,
-    job.c.created_at,
-)
+#: What the database fills in when a job is inserted and only it knows: an insert returns these,
+#: and enqueue builds the rest of the ``Job`` from what it bound and :data:`NEW_ROW_DEFAULTS`.
+FILLED_COLUMNS = (job.c.id, job.c.run_at, job.c.created_at)
+#: The other columns the database fills in, as the table's server defaults do for every new row
+#: (constants, so the insert need not send them back: each returned column costs the client).
+NEW_ROW_DEFAULTS = {"state": "pending", "attempts": 0, "crashes": 0, "interruptions": 0}
 
 
 def insert_job(lean: bool = False) -> AnyInsert:
-    """Insert one job; returns the :data:`FILLED_COLUMNS` (id, state, run_at, attempts, crashes,
-    interruptions, created_at).
+    """Insert one job; returns the :data:`FILLED_COLUMNS` (id, run_at, created_at).
 
     Parameters: queue, kind, payload (JSON text), priority, max_attempts, max_crashes,
     concurrency_key and concurrency_limit (both NULL for an unkeyed job), meta (JSON text or NULL),
