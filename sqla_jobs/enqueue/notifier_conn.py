@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import selectors
+import select
 
 import psycopg
 from psycopg import sql
@@ -74,6 +74,12 @@ class Waker:
     def __init__(self) -> None:
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
+        # One poll object for the thread's life (poll, not select: a busy process's descriptors
+        # can be past 1024): a wait is one system call, not a selector made and closed.
+        self._poll = select.poll()
+        self._poll.register(self._read, select.POLLIN)
+        self._sock: int | None = None
+        self._mask = 0
 
     def poke(self) -> None:
         """Wake the thread (the caller checks the pipe is still open: once closed, its numbers
@@ -85,21 +91,25 @@ class Waker:
 
     def wait(self, sock: int | None, write: bool, timeout: float) -> tuple[bool, bool]:
         """Wait up to ``timeout`` seconds for a poke, or for ``sock`` to be readable (or
-        writable, with ``write``); whether it is (readable, writable). A selector, not
-        select(): a busy process's descriptors can be past 1024."""
-        readable = writable = False
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._read, selectors.EVENT_READ)
+        writable, with ``write``); whether it is (readable, writable). Called by one thread."""
+        mask = select.POLLIN | (select.POLLOUT if write else 0) if sock is not None else 0
+        if sock != self._sock or mask != self._mask:
+            if self._sock is not None:
+                with contextlib.suppress(KeyError, OSError):
+                    self._poll.unregister(self._sock)
             if sock is not None:
-                events = selectors.EVENT_READ | (selectors.EVENT_WRITE if write else 0)
-                selector.register(sock, events)
-            for key, mask in selector.select(timeout):
-                if key.fd == self._read:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._read, 4096)
-                else:
-                    readable = bool(mask & selectors.EVENT_READ)
-                    writable = bool(mask & selectors.EVENT_WRITE)
+                self._poll.register(sock, mask)
+            self._sock, self._mask = sock, mask
+        readable = writable = False
+        for fd, events in self._poll.poll(max(0.0, timeout) * 1000.0):
+            if fd == self._read:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._read, 4096)
+            else:
+                if events & select.POLLNVAL:
+                    raise OSError("the socket was closed")
+                readable = bool(events & (select.POLLIN | select.POLLERR | select.POLLHUP))
+                writable = bool(events & select.POLLOUT)
         return readable, writable
 
     def close(self) -> None:
