@@ -23,6 +23,7 @@ from sqlalchemy.sql import ClauseElement
 
 from sqla_jobs import Jobs
 from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.enqueue import notifier
 from sqla_jobs.model import Job, notify_channel
 from sqla_jobs.sql import enqueue as enqueue_sql
 
@@ -50,6 +51,8 @@ def _session_loop(url: str, n: int, body: Callable[[Session, int], object]) -> f
                 body(s, i)
         return n / (time.perf_counter() - t0)
     finally:
+        # The last wakeups sent before the database is dropped, not lost with it (a warning).
+        notifier.flush_all()
         engine.dispose()
 
 
