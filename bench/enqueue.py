@@ -131,28 +131,36 @@ def session_insert_floor(url: str, n: int) -> float:
     return _session_loop(url, n, insert)
 
 
+#: The columns of a ``ping`` job without options that the enqueue writes, but the payload.
+CORE_ROW: dict[str, Any] = {
+    "queue": "default",
+    "kind": KIND,
+    "priority": 0,
+    "max_attempts": 10,
+    "max_crashes": 3,
+    "concurrency_key": None,
+    "concurrency_limit": None,
+}
+
+
+def core_insert() -> Any:
+    """The Core floor's statement: ``insert(job table).returning(id)``."""
+    table = Job.__table__
+    return insert(table).returning(table.c.id)
+
+
 def session_core_floor(url: str, n: int) -> float:
     """What an application's own insert of a row like the job's costs through a ``Session``: the
     same loop as :func:`single_sqla`, executing a Core ``insert(job table).returning(id)`` of the
     columns the enqueue writes, the payload a dict serialised by the JSONB type, through
     ``session.execute``. Unlike :func:`session_insert_floor`, it pays SQLAlchemy's statement
     execution (cache key, compiled cache, result) as the enqueue does."""
-    table = Job.__table__
-    stmt = insert(table).returning(table.c.id)
-    params = {
-        "queue": "default",
-        "kind": KIND,
-        "priority": 0,
-        "max_attempts": 10,
-        "max_crashes": 3,
-        "concurrency_key": None,
-        "concurrency_limit": None,
-    }
+    stmt = core_insert()
     payloads = [payload_dict(i) for i in range(n)]
 
     def insert_row(s: Session, i: int) -> object:
         payload = payloads[i] if i >= 0 else payload_dict(i)
-        return s.execute(stmt, {**params, "payload": payload}).one()
+        return s.execute(stmt, {**CORE_ROW, "payload": payload}).one()
 
     return _session_loop(url, n, insert_row)
 

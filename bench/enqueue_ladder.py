@@ -30,20 +30,19 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import Table, insert
 from sqlalchemy.orm import Session
 
 from devdb import database_url
 from sqla_jobs import Jobs
 from sqla_jobs.enqueue import insert as _insert
 from sqla_jobs.enqueue import validate as _validate
-from sqla_jobs.model import Job
 from sqla_jobs.sql.columns import NAMES
 
 from .app import KIND, Ping, make_engine, make_jobs, payload_dict
 from .dbs import fresh_database
+from .enqueue import CORE_ROW, core_insert
 
 WARMUP = 50
 Step = Callable[[Session, int], object]
@@ -51,17 +50,8 @@ Step = Callable[[Session, int], object]
 
 def steps() -> dict[str, Step]:
     """The steps, in ladder order."""
-    table = cast(Table, Job.__table__)
-    core_stmt = insert(table).returning(table.c.id)
-    row = {
-        "queue": "default",
-        "kind": KIND,
-        "priority": 0,
-        "max_attempts": 10,
-        "max_crashes": 3,
-        "concurrency_key": None,
-        "concurrency_limit": None,
-    }
+    core_stmt = core_insert()
+    row = CORE_ROW
     jobs = make_jobs()
     jobs_none = Jobs(wakeup="none")
     jobs_none.register(KIND, Ping)
