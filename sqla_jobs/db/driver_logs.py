@@ -12,9 +12,11 @@ and only for an error that means the connection is gone, is left out; every othe
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any, ParamSpec, TypeVar
 
 from sqla_jobs.db.connections import should_reconnect
 
@@ -23,6 +25,8 @@ MESSAGE = "error ignored terminating %r: %s"
 _logger = logging.getLogger("psycopg")
 _lock = threading.Lock()
 _users = 0
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 class LostConnectionEnds(logging.Filter):
@@ -55,3 +59,14 @@ def quiet_lost_connection_ends() -> Iterator[None]:
             _users -= 1
             if not _users:
                 _logger.removeFilter(_FILTER)
+
+
+def quieted(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """The coroutine function ``fn``, run inside :func:`quiet_lost_connection_ends`."""
+
+    @functools.wraps(fn)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        with quiet_lost_connection_ends():
+            return await fn(*args, **kwargs)
+
+    return run

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 from sqla_jobs._outcome import HandlerTimeout
 from sqla_jobs.context import ClaimedJob
 from sqla_jobs.db.connections import Connector
-from sqla_jobs.db.driver_logs import quiet_lost_connection_ends
+from sqla_jobs.db.driver_logs import quieted
 from sqla_jobs.db.urls import hosts_without_primary, libpq_conninfo
 from sqla_jobs.jobs import Jobs
 from sqla_jobs.periodic.scheduler import Scheduler
@@ -251,14 +251,13 @@ class Worker:
         With ``install_signal_handlers``, the first SIGTERM or SIGINT stops gracefully and a second
         one exits the process at once with code 130 (leases then expire and are reaped).
         """
-        with quiet_lost_connection_ends():
-            return asyncio.run(self._main(install_signal_handlers))
+        return asyncio.run(self._main(install_signal_handlers))
 
     async def run(self) -> None:
         """Run in the current event loop until :meth:`stop` is called."""
-        with quiet_lost_connection_ends():
-            await self._main(False)
+        await self._main(False)
 
+    @quieted
     async def _main(self, signals: bool) -> int:
         loop = asyncio.get_running_loop()
         wakeups = self.wakeups = Wakeups(loop)
