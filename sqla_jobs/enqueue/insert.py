@@ -154,8 +154,7 @@ def _attach(session: Session, values: list[Any], filled: Sequence[Any]) -> Job:
         _configure()
     obj = _new_instance()
     d = obj.__dict__
-    d.update(_UNSET)
-    d.update(enqueue_sql.NEW_ROW_DEFAULTS)
+    d.update(_NEW_ROW)
     d.update(zip(_FILLED_KEYS, filled, strict=True))
     for i in _JSON_AT:
         if values[i] is not None:
@@ -177,13 +176,14 @@ def _attach(session: Session, values: list[Any], filled: Sequence[Any]) -> Job:
 
 _FILLED_KEYS = tuple(c.key for c in enqueue_sql.FILLED_COLUMNS)
 _JSON_AT = tuple(i for i, c in enumerate(_row.COLUMNS) if c.json)
-#: The columns neither written nor filled by the insert: NULL in a new row, set so that reading
-#: them does not load the row.
-_UNSET = dict.fromkeys(
-    c.key
-    for c in _JOB_MAPPER.column_attrs
-    if c.key not in {*_FILLED_KEYS, *enqueue_sql.NEW_ROW_DEFAULTS, *_row.NAMES}
-)
+#: The columns neither written nor returned by the insert, as a new row has them: the server
+#: defaults of NEW_ROW_DEFAULTS, NULL for the rest; set so that reading them does not load the row.
+_NEW_ROW = {
+    **dict.fromkeys(
+        c.key for c in _JOB_MAPPER.column_attrs if c.key not in {*_FILLED_KEYS, *_row.NAMES}
+    ),
+    **enqueue_sql.NEW_ROW_DEFAULTS,
+}
 _new_instance = _JOB_MAPPER.class_manager.new_instance
 _IDENTITY_CLASS = _JOB_MAPPER._identity_class
 _configured = False
