@@ -53,6 +53,7 @@ __all__ = [
     "claim_with_due_at",
     "claim_with_meta",
     "claim_with_meta_and_due_at",
+    "plan_without_jit",
 ]
 
 
@@ -164,6 +165,14 @@ def claim_rated() -> Select[Any]:
     index range scan of ``sqla_jobs_job_rated_idx``. Returns :data:`CLAIMED_COLUMNS` (the
     ``meta`` and ``due_at`` variants as :func:`claim` has them)."""
     return claim_jobs(keyed=False, rated=True)
+
+
+def plan_without_jit() -> Select[Any]:
+    """Turn JIT compilation off for the rest of the transaction. The keyed and the rate limited
+    claims run it first: their recursive scans are estimated far above ``jit_above_cost`` on a
+    large backlog, and compiling them cost hundreds of milliseconds per claim, for statements
+    that touch a few hundred rows."""
+    return select(func.set_config("jit", "off", true()))
 
 
 def claim_for_testing() -> Select[Any]:

@@ -263,17 +263,18 @@ class Lanes:
 
     async def _claim_keyed(self, conn: AsyncConn, queue: str, limit: int) -> int:
         # Two statements in one transaction: the keys' advisory locks are granted by the first, so
-        # the second's snapshot sees every claim their previous holders committed.
-        async with conn.transaction():
-            cur = await conn.execute(
-                self._sql.lock_keys.sql, self._sql.lock_keys.params(queue=queue, scan=limit)
-            )
+        # the second's snapshot sees every claim their previous holders committed. Pipelined:
+        # BEGIN, JIT off and the locks take one round trip, the claim and COMMIT one more.
+        no_jit, lock, claim = self._sql.plan_without_jit, self._sql.lock_keys, self._sql.claim_keyed
+        async with conn.pipeline(), conn.transaction():
+            await conn.execute(no_jit.sql, no_jit.params())
+            cur = await conn.execute(lock.sql, lock.params(queue=queue, scan=limit))
             keys = [row[0] for row in await cur.fetchall()]
             if not keys:
                 return 0
             cur = await conn.execute(
-                self._sql.claim_keyed.sql,
-                self._sql.claim_keyed.params(
+                claim.sql,
+                claim.params(
                     queue=queue,
                     keys=keys,
                     limit=limit,
@@ -283,7 +284,7 @@ class Lanes:
                     **self._holdings.crash_params(),
                 ),
             )
-            rows = await cur.fetchall()
+        rows = await cur.fetchall()
         return self._holdings.take(rows, time.monotonic())
 
     async def release(

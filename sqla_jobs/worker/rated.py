@@ -97,7 +97,11 @@ class RatedClaim:
         waits: list[float] = []
         # One transaction: the limiters' row locks and the keys' advisory locks are held until
         # the starts are logged, and each statement's snapshot is taken after they were granted.
-        async with conn.transaction():
+        # Pipelined: BEGIN, JIT off (sql.claim.plan_without_jit) and the limiters' locks take
+        # one round trip.
+        async with conn.pipeline(), conn.transaction():
+            no_jit = sql.plan_without_jit
+            await conn.execute(no_jit.sql, no_jit.params())
             lock = sql.lock_rate_limiters
             cur = await conn.execute(lock.sql, lock.params(queue=queue, scan=limit, **limits))
             found = await cur.fetchall()

@@ -1,0 +1,102 @@
+"""The keyed and the rate limited claims run with JIT compilation off, and only they.
+
+Their recursive scans are estimated above ``jit_above_cost`` on a large backlog: with JIT on, a
+200,000-job keyed backlog drained at a third of the speed (bench/README.md). A trigger records
+the ``jit`` setting in force in each claiming transaction, as the claim's UPDATE runs; the database
+has ``jit = on`` for the test, whatever the server's default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import Engine, text
+from sqlalchemy.orm import Session
+
+from sqla_jobs import JobContext, Jobs, RateLimit
+
+from ._workers import queue_empty, running_workers, wait_until
+
+_CREATE = """
+CREATE TABLE IF NOT EXISTS test_claim_jit (kind text, jit text);
+TRUNCATE test_claim_jit;
+CREATE OR REPLACE FUNCTION test_record_claim_jit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO test_claim_jit VALUES (NEW.kind, current_setting('jit'));
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS test_record_claim_jit ON sqla_jobs_job;
+CREATE TRIGGER test_record_claim_jit AFTER UPDATE OF state ON sqla_jobs_job FOR EACH ROW
+    WHEN (OLD.state = 'pending' AND NEW.state = 'running')
+    EXECUTE FUNCTION test_record_claim_jit();
+"""
+
+
+class Keyed(BaseModel):
+    n: int
+
+
+class Rated(BaseModel):
+    n: int
+
+
+class Plain(BaseModel):
+    n: int
+
+
+@pytest.fixture
+def recorded(clean: Engine) -> Iterator[Engine]:
+    """Each claim's kind and ``jit`` setting in ``test_claim_jit``; ``jit = on`` for new sessions."""
+    with clean.connect() as conn:
+        database = conn.execute(text("SELECT current_database()")).scalar_one()
+    alter = f'ALTER DATABASE "{database}"'
+    with clean.begin() as conn:
+        conn.execute(text(_CREATE))
+        conn.execute(text(f"{alter} SET jit = on"))
+    try:
+        yield clean
+    finally:
+        with clean.begin() as conn:
+            conn.execute(text("DROP TRIGGER IF EXISTS test_record_claim_jit ON sqla_jobs_job"))
+            conn.execute(text(f"{alter} RESET jit"))
+
+
+def _jobs() -> Jobs:
+    jobs = Jobs()
+
+    @jobs.kind("keyed", Keyed, concurrency_key=lambda p: f"k{p.n % 3}", concurrency_limit=2)
+    def keyed(p: Keyed, ctx: JobContext) -> None:
+        pass
+
+    @jobs.kind("rated", Rated, rate_limit=RateLimit(1_000, per=timedelta(seconds=1)))
+    def rated(p: Rated, ctx: JobContext) -> None:
+        pass
+
+    @jobs.kind("plain", Plain)
+    def plain(p: Plain, ctx: JobContext) -> None:
+        pass
+
+    return jobs
+
+
+def test_keyed_and_rate_limited_claims_run_without_jit_and_leave_it_to_the_rest(
+    recorded: Engine, migrated_url: str
+) -> None:
+    jobs = _jobs()
+    with Session(recorded) as s, s.begin():
+        for payload in (Keyed, Rated, Plain):
+            jobs.enqueue_many(s, [payload(n=i) for i in range(12)])
+    with running_workers(jobs, migrated_url, concurrency=4, poll_interval=0.2):
+        wait_until(queue_empty(recorded), 60, "every job to run")
+    with recorded.connect() as conn:
+        rows = conn.execute(text("SELECT kind, jit FROM test_claim_jit")).all()
+    settings: dict[str, set[str]] = {}
+    for kind, jit in rows:
+        settings.setdefault(kind, set()).add(jit)
+    # The unkeyed claim, on the same connections, sees the database's setting: JIT off lasted
+    # only for the keyed and rated claims' transactions.
+    assert settings == {"keyed": {"off"}, "rated": {"off"}, "plain": {"on"}}
+    assert len(rows) == 36
