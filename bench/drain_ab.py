@@ -64,6 +64,11 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="the after tree drains a rate limited kind (a limit never reached)",
     )
+    parser.add_argument(
+        "--limited",
+        action="store_true",
+        help="both trees drain a rate limited kind (a limit never reached)",
+    )
     args = parser.parse_args(argv)
     sides = {
         "before": (args.before.resolve(), "sqla"),
@@ -76,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         order = names[rep % 3 :] + names[: rep % 3]
         for name in order:
             tree, impl = sides[name]
-            limited = args.after_limited and name == "after"
+            limited = impl == "sqla" and (args.limited or (args.after_limited and name == "after"))
             runs[name].append(
                 drain(tree, impl, args.concurrency, args.processes, args.jobs, limited)
             )

@@ -40,6 +40,7 @@ from sqla_jobs.sql.tables import (
 from sqla_jobs.sql.testing import due_for_testing
 
 __all__ = [
+    "BEGIN_WITHOUT_JIT",
     "CLAIMED_COLUMNS",
     "claim",
     "claim_for_testing",
@@ -53,8 +54,14 @@ __all__ = [
     "claim_with_due_at",
     "claim_with_meta",
     "claim_with_meta_and_due_at",
-    "plan_without_jit",
 ]
+
+#: How the keyed and the rate limited claims open their transaction: JIT compilation off until it
+#: ends. A claim touches a few hundred rows, but the planner's estimate of a recursive scan is not
+#: bounded by them: the keyed claim's, on 200,000 jobs over 1,000 keys, was above
+#: ``jit_above_cost``, and every claim spent ~370 ms compiling. One simple-protocol message, so
+#: it costs what ``BEGIN`` alone did; ``SET LOCAL`` holds through PgBouncer's transaction pooling.
+BEGIN_WITHOUT_JIT = "BEGIN; SET LOCAL jit = off"
 
 
 def claim_jobs(
@@ -165,15 +172,6 @@ def claim_rated() -> Select[Any]:
     index range scan of ``sqla_jobs_job_rated_idx``. Returns :data:`CLAIMED_COLUMNS` (the
     ``meta`` and ``due_at`` variants as :func:`claim` has them)."""
     return claim_jobs(keyed=False, rated=True)
-
-
-def plan_without_jit() -> Select[Any]:
-    """Turn JIT compilation off for the rest of the transaction. The keyed and the rate limited
-    claims run it first: a claim touches a few hundred rows, but the planner's estimate of a
-    recursive scan is not bounded by them. The keyed claim's, on 200,000 jobs over 1,000 keys,
-    was above ``jit_above_cost`` and every claim spent ~370 ms compiling; the rate limited
-    claim's (estimated at ~2,000 on a like backlog) is covered for the same reason."""
-    return select(func.set_config("jit", "off", true()))
 
 
 def claim_for_testing() -> Select[Any]:

@@ -85,7 +85,6 @@ class WorkerSQL:
         self.finish_cancelled = compile_statement(outcomes_sql.finish_cancelled(), schema)
         self.reap = compile_statement(leases_sql.reap(), schema)
         self.release_orphans = compile_statement(leases_sql.release_orphans(), schema)
-        self.plan_without_jit = compile_statement(claim_sql.plan_without_jit(), schema)
         self.lock_keys = compile_statement(scans_sql.lock_keys(), schema)
         self.claim_keyed = compile_statement(
             claim_sql.claim_jobs(keyed=True, meta=meta, due_at=timed), schema

@@ -28,6 +28,7 @@ from sqla_jobs.db.connections import (
 )
 from sqla_jobs.sql.catalog import IMMEDIATE_CONSTRAINTS
 from sqla_jobs.sql.compiled import WorkerSQL
+from sqla_jobs.worker.claim_txn import claim_transaction
 from sqla_jobs.worker.config import WorkerConfig
 from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.leases import held_params
@@ -263,11 +264,9 @@ class Lanes:
 
     async def _claim_keyed(self, conn: AsyncConn, queue: str, limit: int) -> int:
         # Two statements in one transaction: the keys' advisory locks are granted by the first, so
-        # the second's snapshot sees every claim their previous holders committed. Pipelined:
-        # BEGIN, JIT off and the locks take one round trip, the claim and COMMIT one more.
-        no_jit, lock, claim = self._sql.plan_without_jit, self._sql.lock_keys, self._sql.claim_keyed
-        async with conn.pipeline(), conn.transaction():
-            await conn.execute(no_jit.sql, no_jit.params())
+        # the second's snapshot sees every claim their previous holders committed.
+        lock, claim = self._sql.lock_keys, self._sql.claim_keyed
+        async with claim_transaction(conn):
             cur = await conn.execute(lock.sql, lock.params(queue=queue, scan=limit))
             keys = [row[0] for row in await cur.fetchall()]
             if not keys:
@@ -284,7 +283,7 @@ class Lanes:
                     **self._holdings.crash_params(),
                 ),
             )
-        rows = await cur.fetchall()
+            rows = await cur.fetchall()
         return self._holdings.take(rows, time.monotonic())
 
     async def release(

@@ -19,6 +19,7 @@ from typing import Any, cast
 from sqla_jobs.db.connections import AsyncConn
 from sqla_jobs.kinds import Kind
 from sqla_jobs.sql.compiled import WorkerSQL
+from sqla_jobs.worker.claim_txn import claim_transaction
 from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.wakeups import Wakeups
 
@@ -97,11 +98,7 @@ class RatedClaim:
         waits: list[float] = []
         # One transaction: the limiters' row locks and the keys' advisory locks are held until
         # the starts are logged, and each statement's snapshot is taken after they were granted.
-        # Pipelined: BEGIN, JIT off (sql.claim.plan_without_jit) and the limiters' locks take
-        # one round trip.
-        async with conn.pipeline(), conn.transaction():
-            no_jit = sql.plan_without_jit
-            await conn.execute(no_jit.sql, no_jit.params())
+        async with claim_transaction(conn):
             lock = sql.lock_rate_limiters
             cur = await conn.execute(lock.sql, lock.params(queue=queue, scan=limit, **limits))
             found = await cur.fetchall()

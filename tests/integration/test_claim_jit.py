@@ -1,4 +1,5 @@
-"""The keyed and the rate limited claims run with JIT compilation off, and only they.
+"""The keyed and the rate limited claims run with JIT compilation off, and only they; the
+transaction they run in (``sqla_jobs.worker.claim_txn``) on its own.
 
 Their recursive scans are estimated above ``jit_above_cost`` on a large backlog: with JIT on, a
 200,000-job keyed backlog drained at a third of the speed (bench/README.md). A trigger records
@@ -8,15 +9,21 @@ has ``jit = on`` for the test, whatever the server's default.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
+import psycopg
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from sqla_jobs import JobContext, Jobs, RateLimit
+from sqla_jobs.db.connections import should_reconnect
+from sqla_jobs.db.urls import libpq_conninfo
+from sqla_jobs.worker.claim_txn import claim_transaction
 
 from ._workers import queue_empty, running_workers, wait_until
 
@@ -100,3 +107,77 @@ def test_keyed_and_rate_limited_claims_run_without_jit_and_leave_it_to_the_rest(
     # only for the keyed and rated claims' transactions.
     assert settings == {"keyed": {"off"}, "rated": {"off"}, "plain": {"on"}}
     assert len(rows) == 36
+
+
+async def _connect(url: str) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(libpq_conninfo(url), autocommit=True)
+
+
+def test_the_claim_transaction_commits_at_the_end_and_holds_jit_off_until_then(
+    recorded: Engine, migrated_url: str
+) -> None:
+    async def run() -> tuple[str, str, int]:
+        conn = await _connect(migrated_url)
+        async with conn:
+            async with claim_transaction(conn):
+                inside = await (await conn.execute("SHOW jit")).fetchone()
+                await conn.execute("INSERT INTO test_claim_jit VALUES ('txn', 'probe')")
+            after = await (await conn.execute("SHOW jit")).fetchone()
+            assert inside is not None
+            assert after is not None
+            return str(inside[0]), str(after[0]), int(conn.info.transaction_status)
+
+    inside, after, status = asyncio.run(run())
+    assert (inside, after) == ("off", "on")
+    assert status == psycopg.pq.TransactionStatus.IDLE
+    with recorded.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM test_claim_jit")).scalar_one() == 1
+
+
+async def _insert_then_divide(conn: psycopg.AsyncConnection[Any]) -> None:
+    async with claim_transaction(conn):
+        await conn.execute("INSERT INTO test_claim_jit VALUES ('txn', 'probe')")
+        await conn.execute("SELECT 1 / 0")
+
+
+def test_a_failed_statement_rolls_the_claim_transaction_back_and_raises_its_own_error(
+    recorded: Engine, migrated_url: str
+) -> None:
+    async def run() -> tuple[int, str]:
+        conn = await _connect(migrated_url)
+        async with conn:
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                await _insert_then_divide(conn)
+            # The connection is usable at once: not left in the failed transaction.
+            row = await (await conn.execute("SHOW jit")).fetchone()
+            assert row is not None
+            return int(conn.info.transaction_status), str(row[0])
+
+    status, jit = asyncio.run(run())
+    assert status == psycopg.pq.TransactionStatus.IDLE
+    assert jit == "on"
+    with recorded.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM test_claim_jit")).scalar_one() == 0
+
+
+async def _lose_the_connection_inside(conn: psycopg.AsyncConnection[Any], engine: Engine) -> None:
+    async with claim_transaction(conn):
+        with engine.connect() as other:
+            pid = conn.info.backend_pid
+            other.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        await conn.execute("SELECT 1")
+
+
+def test_a_connection_lost_inside_the_claim_transaction_raises_the_loss_not_the_rollback(
+    recorded: Engine, migrated_url: str
+) -> None:
+    async def run() -> None:
+        conn = await _connect(migrated_url)
+        async with conn:
+            # The block's error (the server's), not the ROLLBACK's "the connection is closed".
+            with pytest.raises(psycopg.errors.AdminShutdown) as raised:
+                await _lose_the_connection_inside(conn, recorded)
+            assert should_reconnect(raised.value)
+            assert conn.closed
+
+    asyncio.run(run())

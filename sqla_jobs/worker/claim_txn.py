@@ -1,0 +1,34 @@
+"""The transaction the keyed and the rate limited claims run in: JIT compilation off.
+
+``psycopg``'s ``conn.transaction()`` sends a lone ``BEGIN``; this sends
+:data:`~sqla_jobs.sql.claim.BEGIN_WITHOUT_JIT` in its place, in the same one round trip. A
+pipeline would have saved the ``BEGIN``'s round trip too, but psycopg's async pipeline cost twice
+the client CPU of the plain transaction for a claim this small (bench/README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+import psycopg
+
+from sqla_jobs.db.connections import AsyncConn
+from sqla_jobs.sql.claim import BEGIN_WITHOUT_JIT
+
+__all__ = ["claim_transaction"]
+
+
+@contextlib.asynccontextmanager
+async def claim_transaction(conn: AsyncConn) -> AsyncIterator[None]:
+    """A transaction on the autocommit ``conn``, JIT off: committed when the block ends, rolled
+    back when it raises (the block's error is the one raised)."""
+    await conn.execute(BEGIN_WITHOUT_JIT)
+    try:
+        yield
+    except BaseException:
+        # A lost connection cannot roll back, and needs not: the server ends the transaction.
+        with contextlib.suppress(psycopg.Error):
+            await conn.execute("ROLLBACK")
+        raise
+    await conn.execute("COMMIT")
