@@ -1,4 +1,4 @@
-"""The transaction the keyed and the rate limited claims run in: JIT compilation off.
+"""The transaction the keyed claim runs in: JIT compilation off.
 
 ``psycopg``'s ``conn.transaction()`` sends a lone ``BEGIN``; this sends
 :data:`~sqla_jobs.sql.claim.BEGIN_WITHOUT_JIT` in its place, in the same one round trip. A

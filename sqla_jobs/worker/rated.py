@@ -19,7 +19,6 @@ from typing import Any, cast
 from sqla_jobs.db.connections import AsyncConn
 from sqla_jobs.kinds import Kind
 from sqla_jobs.sql.compiled import WorkerSQL
-from sqla_jobs.worker.claim_txn import claim_transaction
 from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.wakeups import Wakeups
 
@@ -98,7 +97,7 @@ class RatedClaim:
         waits: list[float] = []
         # One transaction: the limiters' row locks and the keys' advisory locks are held until
         # the starts are logged, and each statement's snapshot is taken after they were granted.
-        async with claim_transaction(conn):
+        async with conn.transaction():
             lock = sql.lock_rate_limiters
             cur = await conn.execute(lock.sql, lock.params(queue=queue, scan=limit, **limits))
             found = await cur.fetchall()

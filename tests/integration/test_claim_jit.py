@@ -1,7 +1,7 @@
-"""The keyed and the rate limited claims run with JIT compilation off, and only they; the
-transaction they run in (``sqla_jobs.worker.claim_txn``) on its own.
+"""The keyed claim runs with JIT compilation off, and only it; the transaction it runs in
+(``sqla_jobs.worker.claim_txn``) on its own.
 
-Their recursive scans are estimated above ``jit_above_cost`` on a large backlog: with JIT on, a
+Its recursive scans are estimated above ``jit_above_cost`` on a large backlog: with JIT on, a
 200,000-job keyed backlog drained at a third of the speed (bench/README.md). A trigger records
 the ``jit`` setting in force in each claiming transaction, as the claim's UPDATE runs; the database
 has ``jit = on`` for the test, whatever the server's default.
@@ -89,7 +89,7 @@ def _jobs() -> Jobs:
     return jobs
 
 
-def test_keyed_and_rate_limited_claims_run_without_jit_and_leave_it_to_the_rest(
+def test_the_keyed_claim_runs_without_jit_and_leaves_it_to_the_rest(
     recorded: Engine, migrated_url: str
 ) -> None:
     jobs = _jobs()
@@ -103,9 +103,9 @@ def test_keyed_and_rate_limited_claims_run_without_jit_and_leave_it_to_the_rest(
     settings: dict[str, set[str]] = {}
     for kind, jit in rows:
         settings.setdefault(kind, set()).add(jit)
-    # The unkeyed claim, on the same connections, sees the database's setting: JIT off lasted
-    # only for the keyed and rated claims' transactions.
-    assert settings == {"keyed": {"off"}, "rated": {"off"}, "plain": {"on"}}
+    # The unkeyed and the rate limited claims, on the same connections, see the database's
+    # setting: JIT off lasted only for the keyed claim's transactions.
+    assert settings == {"keyed": {"off"}, "rated": {"on"}, "plain": {"on"}}
     assert len(rows) == 36
 
 
