@@ -56,12 +56,11 @@ __all__ = [
     "claim_with_meta_and_due_at",
 ]
 
-#: How the keyed claim opens its transaction: JIT compilation off until it ends. A claim touches a
-#: few hundred rows, but the planner's estimate of its recursive scans is not bounded by them: on
-#: 200,000 jobs over 1,000 keys it was above ``jit_above_cost``, and every claim spent ~370 ms
-#: compiling. One simple-protocol message, in the round trip a lone ``BEGIN`` took; ``SET LOCAL``
-#: holds through PgBouncer's transaction pooling. (The rate limited claim's estimate on a like
-#: backlog is ~2,000, far below the threshold: it opens a plain transaction.)
+#: How the keyed claim opens its transaction: JIT compilation off until it ends. The planner's
+#: estimate of the claim's recursive scans is not bounded by the few hundred rows they read; on a
+#: large backlog it passes ``jit_above_cost``, and compiling then costs more than the claim. One
+#: message, in the round trip a lone ``BEGIN`` takes; ``SET LOCAL`` holds through PgBouncer's
+#: transaction pooling.
 BEGIN_WITHOUT_JIT = "BEGIN; SET LOCAL jit = off"
 
 

@@ -1,9 +1,9 @@
 """The transaction the keyed claim runs in: JIT compilation off.
 
 ``psycopg``'s ``conn.transaction()`` sends a lone ``BEGIN``; this sends
-:data:`~sqla_jobs.sql.claim.BEGIN_WITHOUT_JIT` in its place, in the same one round trip. A
-pipeline would have saved the ``BEGIN``'s round trip too, but psycopg's async pipeline cost twice
-the client CPU of the plain transaction for a claim this small (bench/README.md).
+:data:`~sqla_jobs.sql.claim.BEGIN_WITHOUT_JIT` in its place, in the same round trip. (A pipeline
+would save that round trip, but on a transaction this small psycopg's async pipeline costs more
+client CPU than the round trip it saves.)
 """
 
 from __future__ import annotations
