@@ -1464,7 +1464,12 @@ def test_handler_session_without_a_grant_of_the_page_fails_the_attempt_and_retri
                 crashes,
             ),
         ):
-            wait_running(crashes, lambda: worker.counts["failed"] == 1, "the attempt failed")
+            # The worker counts the failure, then logs it: wait for the line too.
+            wait_running(
+                crashes,
+                lambda: worker.counts["failed"] == 1 and "failed attempt 1" in caplog.text,
+                "the attempt failed and was logged",
+            )
             state, attempts, error = job_row(engine, schema, job_id)
             assert (state, attempts) == ("pending", 1)
             assert "permission denied" in error
