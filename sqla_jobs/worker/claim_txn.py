@@ -27,7 +27,7 @@ async def claim_transaction(conn: AsyncConn) -> AsyncIterator[None]:
     try:
         yield
     except BaseException:
-        # A lost connection cannot roll back, and needs not: the server ends the transaction.
+        # A lost connection cannot roll back, and need not: the server ends the transaction.
         with contextlib.suppress(psycopg.Error):
             await conn.execute("ROLLBACK")
         raise
