@@ -36,7 +36,7 @@ def wait_for(word: str) -> None:
 def worker(args: argparse.Namespace) -> dict[str, Any]:
     if args.impl == "sqla":
         from sqla_jobs.worker.facade import Worker
-        from sqla_jobs.worker.heap import freeze_startup_heap
+        from sqla_jobs.worker.heap import tune_worker_heap
 
         from .app import LIMITED, make_jobs, write_jobs
 
@@ -65,7 +65,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
                 errors.append(repr(exc))
 
         thread = threading.Thread(target=run, name="sqla-jobs-worker")
-        freeze_startup_heap()  # what `sqla-jobs worker` does before it runs the worker
+        tune_worker_heap()  # what `sqla-jobs worker` does before it runs the worker
         say("ready")
         wait_for("go")
         thread.start()

@@ -78,7 +78,7 @@ DESCRIPTION = (
 def cmd_worker(args: argparse.Namespace) -> int:
     from sqla_jobs.cli import logfmt as _logging
     from sqla_jobs.worker.facade import Worker
-    from sqla_jobs.worker.heap import freeze_startup_heap
+    from sqla_jobs.worker.heap import tune_worker_heap
 
     try:
         _logging.configure(args.log_level, args.log_format, args.log_config)
@@ -114,8 +114,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     check_job_table(
         catalog, jobs.schema, lambda schema: f"set Jobs(schema={schema!r}) in {args.target}"
     )
-    # This process runs the worker and nothing else: set its startup heap aside.
-    freeze_startup_heap()
+    # This process runs the worker and nothing else: tune its garbage collector for it.
+    tune_worker_heap()
     return worker.run_sync()
 
 

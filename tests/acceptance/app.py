@@ -81,11 +81,12 @@ def exit_process(args: ExitProcess, ctx: JobContext) -> None:
 
 
 class Heap(BaseModel):
-    """Record how many objects the worker process has frozen out of garbage collection."""
+    """Record how many objects the worker process has frozen out of garbage collection, and its
+    young generation's threshold."""
 
     tag: str
 
 
 @jobs.kind("heap", Heap)
 def heap(args: Heap, ctx: JobContext) -> None:
-    effect(ctx, args.tag, f"frozen={gc.get_freeze_count()}")
+    effect(ctx, args.tag, f"frozen={gc.get_freeze_count()} young={gc.get_threshold()[0]}")

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
+from sqla_jobs.worker.heap import YOUNG_THRESHOLD
 from tests.acceptance._processes import DEADLINE, WorkerProcess, wait_until
 from tests.acceptance.app import EFFECTS_TABLE, ExitProcess, Heap, Work, jobs
 
@@ -134,13 +135,17 @@ def test_a_second_sigterm_exits_at_once_with_130(effects: Engine, spawn_worker: 
     assert scalar(effects, "SELECT state FROM sqla_jobs_job WHERE id = :id", id=job_id) == "running"
 
 
-def test_the_worker_process_freezes_its_startup_heap(effects: Engine, spawn_worker: Spawn) -> None:
+def test_the_worker_process_freezes_its_startup_heap_and_collects_less_often(
+    effects: Engine, spawn_worker: Spawn
+) -> None:
     # `sqla-jobs worker` owns its process: the objects of its startup (modules, the application,
-    # SQLAlchemy and pydantic state) are left out of the garbage collector's walks.
+    # SQLAlchemy and pydantic state) are left out of the garbage collector's walks, and the jobs
+    # it holds no longer start young collections.
     (job_id,) = enqueue(effects, Heap(tag="heap"))
     worker = spawn_worker("--poll-interval", "0.2")
     (row,) = wait_until(lambda: effects_of(effects, job_id), "the handler ran")
-    frozen = int(row[0].removeprefix("frozen="))
-    assert frozen > 10_000, row
+    frozen, young = row[0].split()
+    assert int(frozen.removeprefix("frozen=")) > 10_000, row
+    assert young == f"young={YOUNG_THRESHOLD}", row
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.proc.wait(DEADLINE) == 0, worker.log
