@@ -5,8 +5,8 @@ Each repetition drains the same number of pre-enqueued no-op jobs with the worke
 repetition, every drain in a subprocess with ``cwd`` and ``PYTHONPATH`` set to its tree, so each
 side imports its own ``sqla_jobs`` and ``bench``. The batched loop runs from the first tree. Prints
 each repetition and the medians of the same-repetition ratios (after / before, and each tree
-against the batched loop), with the worker CPU per job; run it through ``/work/bin/with-bench``
-(or on an otherwise idle machine). ``DATABASE_URL`` names the server.
+against the batched loop), with the worker's and the server's CPU per job; run it through
+``/work/bin/with-bench`` (or on an otherwise idle machine). ``DATABASE_URL`` names the server.
 """
 
 from __future__ import annotations
@@ -106,7 +106,10 @@ def main(argv: list[str] | None = None) -> None:
         f"before/batched {ratio('before', 'batched'):.2f}x, "
         f"after/batched {ratio('after', 'batched'):.2f}x; worker CPU us/job before "
         f"{med('before', 'cpu_us_per_job'):.1f}, after {med('after', 'cpu_us_per_job'):.1f}, "
-        f"batched {med('batched', 'cpu_us_per_job'):.1f}"
+        f"batched {med('batched', 'cpu_us_per_job'):.1f}; server CPU us/job before "
+        f"{med('before', 'server_cpu_us_per_job'):.1f}, after "
+        f"{med('after', 'server_cpu_us_per_job'):.1f}, "
+        f"batched {med('batched', 'server_cpu_us_per_job'):.1f}"
     )
 
 
