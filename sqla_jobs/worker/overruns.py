@@ -33,11 +33,29 @@ class Overruns:
     ) -> Any:
         """The result of a sync handler's run (``future``), or :class:`HandlerTimeout` once it
         returned past ``timeout``; reports it stuck past the grace."""
-        if timeout is None:
-            return await future
-        done, _ = await asyncio.wait({future}, timeout=timeout)
-        if done:
-            return future.result()
+        try:
+            if timeout is None:
+                return await future
+            await asyncio.wait({future}, timeout=timeout)
+            if future.done():
+                return future.result()
+            self._overrun(timeout, job)
+            await asyncio.wait({future}, timeout=self._stuck_grace)
+            if not future.done():
+                self._stuck(job)
+                await asyncio.shield(future)  # until it returns, or the shutdown cancels this task
+            error = future.exception()
+            detail = f": {type(error).__name__}" if error is not None else ""
+        finally:
+            # The future holds the handler's error, and its traceback this frame: no cycle.
+            del future
+        took = time.monotonic() - (ctx.deadline or 0.0) + timeout
+        raise HandlerTimeout(
+            f"timed out after {timeout:g}s (the sync handler returned {took:.1f}s after it "
+            f"started{detail})"
+        )
+
+    def _overrun(self, timeout: float, job: ClaimedJob) -> None:
         log.warning(
             "job %s (%s) passed its timeout of %gs; its sync handler cannot be interrupted: the "
             "job stays running until the handler returns",
@@ -46,24 +64,16 @@ class Overruns:
             timeout,
             extra={"event": "timeout_overrun", "job_id": job.id, "kind": job.kind},
         )
-        done, _ = await asyncio.wait({future}, timeout=self._stuck_grace)
-        if not done:
-            self._holdings.stuck.add(job.id)
-            log.error(
-                "job %s (%s): its sync handler is still running %gs past its timeout and cannot "
-                "be stopped; the worker stops claiming and exits for a restart. The job is not "
-                "given back: it is reaped once this process is gone",
-                job.id,
-                job.kind,
-                self._stuck_grace,
-                extra={"event": "stuck", "job_id": job.id, "kind": job.kind},
-            )
-            self._on_stuck(job)
-            await asyncio.shield(future)  # until it returns, or the shutdown cancels this task
-        took = time.monotonic() - (ctx.deadline or 0.0) + timeout
-        error = future.exception()
-        detail = f": {type(error).__name__}" if error is not None else ""
-        raise HandlerTimeout(
-            f"timed out after {timeout:g}s (the sync handler returned {took:.1f}s after it "
-            f"started{detail})"
+
+    def _stuck(self, job: ClaimedJob) -> None:
+        self._holdings.stuck.add(job.id)
+        log.error(
+            "job %s (%s): its sync handler is still running %gs past its timeout and cannot "
+            "be stopped; the worker stops claiming and exits for a restart. The job is not "
+            "given back: it is reaped once this process is gone",
+            job.id,
+            job.kind,
+            self._stuck_grace,
+            extra={"event": "stuck", "job_id": job.id, "kind": job.kind},
         )
+        self._on_stuck(job)

@@ -248,6 +248,9 @@ class Slots:
                 hooks._report(outcome, error)  # hook call site; never raises
             if outcome is not None and observer is not None:
                 observer.ended(outcome, True)
+            # The error's traceback holds this frame, which held the error: a cycle, keeping the
+            # handler's frames and locals until the garbage collector's next walk.
+            error = None
 
     def cancel(self, ids: Iterable[int]) -> None:
         """An operator asked to cancel the jobs ``ids``: each one this worker runs is told
@@ -329,6 +332,7 @@ class Slots:
                 result = await self._overrun.result(future, timeout, job, ctx)
             finally:
                 future.cancel()  # cancelled at shutdown: the runner drops the result
+                del future  # it holds the handler's error, whose traceback holds this frame
         if result is not None and inspect.isawaitable(result):
             result = await result
         if returned is not None:
@@ -375,6 +379,7 @@ class Slots:
                     raise
             finally:
                 future.cancel()
+                del future  # as in _call: no cycle through the handler's error
         finally:
             watch.cancel()
 

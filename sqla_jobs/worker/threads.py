@@ -66,26 +66,40 @@ class SyncRunners:
         ).start()
 
     def _run(self, at: int) -> None:
+        get = self._queue.get
+        while (item := get()) is not None:
+            ran = self._run_one(at, *item)
+            del item  # its future holds the run's error until the next job comes
+            if not ran:
+                return  # the loop is closed: nobody is waiting any more
+
+    def _run_one(
+        self,
+        at: int,
+        fut: asyncio.Future[Any],
+        fn: Callable[..., Any],
+        args: Any,
+        job_id: int | None,
+    ) -> bool:
+        # A call of its own: what the run held (its arguments, its error and the handler's frames
+        # in the error's traceback) is freed when it returns, not kept until the next job.
         current = self._current
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            fut, fn, args, job_id = item
-            current[at] = -1 if job_id is None else job_id
+        current[at] = -1 if job_id is None else job_id
+        try:
+            done: _Done = (fut, fn(*args), None)
+        except BaseException as exc:  # handed to the awaiting task, never lost
+            done = (fut, None, exc)
+        current[at] = None
+        self._done.append(done)
+        del done, fut  # an error's traceback holds this frame: no cycle through its future
+        # Wake the loop only if it has no wakeup pending: it drains everything at once.
+        if not self._signaled:
+            self._signaled = True
             try:
-                done: _Done = (fut, fn(*args), None)
-            except BaseException as exc:  # handed to the awaiting task, never lost
-                done = (fut, None, exc)
-            current[at] = None
-            self._done.append(done)
-            # Wake the loop only if it has no wakeup pending: it drains everything at once.
-            if not self._signaled:
-                self._signaled = True
-                try:
-                    self._loop.call_soon_threadsafe(self._collect)
-                except RuntimeError:
-                    return  # the loop is closed: nobody is waiting any more
+                self._loop.call_soon_threadsafe(self._collect)
+            except RuntimeError:
+                return False
+        return True
 
     def _collect(self) -> None:
         # Reset before draining: a result appended after this line signals again.
