@@ -1,7 +1,8 @@
-"""Fixtures shared by the integration tests of wakeups."""
+"""Fixtures shared by the integration tests: wakeups heard, and the garbage collector off."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 
 import pytest
@@ -25,3 +26,15 @@ def heard(migrated_url: str) -> Iterator[Heard]:
         # Closed even when the setup fails: a connection left to the garbage collector warns
         # in whichever test runs then, and warnings are errors.
         made.close()
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    """The cyclic garbage collector off for the test (after a collection): what is still alive
+    at its end is kept by references, not waiting for a collection."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -32,16 +32,6 @@ def _jobs(wakeup: str = "after_commit") -> Jobs:
     jobs.kind("ping", Ping)(lambda args, ctx: None)
     jobs.kind("once", Once, unique=Unique(by=("key",)))(lambda args, ctx: None)
     return jobs
-
-
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 Enqueue = Callable[[Jobs, Session], object]

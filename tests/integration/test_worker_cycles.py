@@ -7,9 +7,8 @@ hundreds of them at once."""
 from __future__ import annotations
 
 import asyncio
-import gc
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 import pytest
 from pydantic import BaseModel
@@ -101,16 +100,6 @@ def _kinds(middleware: bool) -> Jobs:
         raise ValueError(f"failed holding {held!r}")
 
     return jobs
-
-
-@pytest.fixture
-def collector_off() -> Iterator[None]:
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 ENDED: dict[str, Callable[[dict[str, int]], int]] = {
