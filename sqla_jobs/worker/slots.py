@@ -13,7 +13,6 @@ is reaped once the process is gone.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import inspect
 import logging
@@ -22,7 +21,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from sqla_jobs._outcome import (
-    HandlerTimeout,
     Outcome,
     cancelled,
     completed,
@@ -36,13 +34,11 @@ from sqla_jobs.context import ClaimedJob, JobContext, Recorder, ResultsReader, S
 from sqla_jobs.errors import LeaseLostError
 from sqla_jobs.hooks import run_middleware
 from sqla_jobs.jobs import Jobs
-from sqla_jobs.kinds import Kind
 from sqla_jobs.observe.runs import Observer
+from sqla_jobs.worker.calls import HandlerCalls
 from sqla_jobs.worker.holdings import Holdings
-from sqla_jobs.worker.overruns import Overruns
 from sqla_jobs.worker.prefetch import Prefetch
 from sqla_jobs.worker.session_runs import SessionRuns
-from sqla_jobs.worker.threads import SyncRunners
 from sqla_jobs.worker.wakeups import Wakeups
 
 log = logging.getLogger("sqla_jobs.worker")
@@ -83,9 +79,6 @@ class Slots:
         self._wakeups = wakeups
         self._recorder = recorder
         self._lanes = lanes
-        self._stuck_grace = stuck_grace
-        self._on_stuck = on_stuck
-        self._sessions = sessions
         self._committed = committed
         self._observer = observer
         self._reader = reader
@@ -95,10 +88,9 @@ class Slots:
         #: The slot tasks alive; also the only strong references to them (the loop keeps weak).
         self.tasks: set[asyncio.Task[None]] = set()
         self._turn = 0
-        #: inspect.iscoroutinefunction per handler, computed once (it costs ~1.5 us per call).
-        self._is_async: dict[Any, bool] = {}
-        self._runners: SyncRunners | None = None
-        self._overrun = Overruns(holdings, stuck_grace, on_stuck)
+        self._calls = HandlerCalls(holdings, concurrency, stuck_grace, on_stuck, sessions)
+        #: Whether each handler is async (the calls' cache: the common case runs inline here).
+        self._is_async = self._calls.is_async
         #: The kinds with a rate limit: the end of one of their jobs frees a slot to claim for.
         self._limited = frozenset(k.name for k in jobs if k.options.rate_limit is not None)
 
@@ -115,8 +107,7 @@ class Slots:
 
     def close(self) -> None:
         """Let the runner threads exit once their current call returns."""
-        if self._runners is not None:
-            self._runners.close()
+        self._calls.close()
 
     async def _slot(self) -> None:
         task = asyncio.current_task()
@@ -175,7 +166,9 @@ class Slots:
                         # Hook call site: the chain around the call; skipped (one test) without.
                         ctx._read_meta(job)
                         returned: list[Any] = []
-                        call = functools.partial(self._call, kind, args, job, ctx, True, returned)
+                        call = functools.partial(
+                            self._calls.call, kind, args, job, ctx, True, returned
+                        )
                         await run_middleware(hooks.middlewares, ctx, call)
                         result = returned[0] if returned else None
                     elif timeout is None and not kind.wants_session and is_async.get(kind.handler):
@@ -184,7 +177,7 @@ class Slots:
                         if result is not None and inspect.isawaitable(result):
                             result = await result
                     else:
-                        result = await self._call(kind, args, job, ctx)
+                        result = await self._calls.call(kind, args, job, ctx)
                     # A Session's handler stored its result in its own transaction.
                     if kind.options.results and not kind.wants_session:
                         stored = encode_result(job.id, job.kind, result)
@@ -290,106 +283,6 @@ class Slots:
                 self._observer.ended(outcome, False)
         self._wakeups.event.set()
 
-    async def _call(
-        self,
-        kind: Kind,
-        args: Any,
-        job: ClaimedJob,
-        ctx: JobContext,
-        wrapped: bool = False,
-        returned: list[Any] | None = None,
-    ) -> Any:
-        """Run the handler (``wrapped``: inside middleware, whose context variables a sync
-        handler's thread then gets too); returns what it returned (also appended to
-        ``returned``, for a call inside middleware, which drops return values)."""
-        handler = kind.handler
-        assert handler is not None
-        is_async = self._is_async.get(handler)
-        if is_async is None:
-            is_async = self._is_async[handler] = inspect.iscoroutinefunction(handler)
-        timeout = kind.options.timeout
-        if kind.wants_session:
-            await self._session_call(kind, args, job, ctx, is_async, wrapped)
-            return None
-        if is_async:
-            call: Any = handler(args, ctx)
-            if timeout is None:
-                result = await call
-            else:
-                try:
-                    result = await asyncio.wait_for(call, timeout)
-                except asyncio.TimeoutError:  # not the built-in TimeoutError before 3.11
-                    raise HandlerTimeout(f"timed out after {timeout:g}s") from None
-        else:
-            runners = self._sync_runners()
-            if wrapped:
-                future = runners.submit(
-                    contextvars.copy_context().run, handler, args, ctx, job_id=job.id
-                )
-            else:
-                future = runners.submit(handler, args, ctx, job_id=job.id)
-            try:
-                result = await self._overrun.result(future, timeout, job, ctx)
-            finally:
-                future.cancel()  # cancelled at shutdown: the runner drops the result
-                del future  # it holds the handler's error, whose traceback holds this frame
-        if result is not None and inspect.isawaitable(result):
-            result = await result
-        if returned is not None:
-            returned.append(result)
-        return result
-
-    async def _session_call(
-        self,
-        kind: Kind,
-        args: Any,
-        job: ClaimedJob,
-        ctx: JobContext,
-        is_async: bool,
-        wrapped: bool,
-    ) -> None:
-        """Run a handler that takes a Session, with its job's completion in its transaction."""
-        sessions = self._sessions
-        assert sessions is not None
-        ctx.in_session = True  # ctx.step refuses: a step would outlive writes rolled back
-        timeout = kind.options.timeout
-        watch = sessions.watch(job)
-        try:
-            if is_async:
-                call = sessions.async_call(kind, args, ctx, job)
-                if timeout is None:
-                    await call
-                    return
-                try:
-                    await asyncio.wait_for(call, timeout)
-                except asyncio.TimeoutError:
-                    raise HandlerTimeout(f"timed out after {timeout:g}s") from None
-                return
-            run = sessions.sync_call(kind, args, ctx, job)
-            runners = self._sync_runners()
-            if wrapped:
-                future = runners.submit(contextvars.copy_context().run, run, job_id=job.id)
-            else:
-                future = runners.submit(run, job_id=job.id)
-            try:
-                await self._overrun.result(future, timeout, job, ctx)
-            except HandlerTimeout:
-                # Returned past the timeout, but before its deadline check: it committed.
-                if not (future.done() and not future.cancelled() and future.exception() is None):
-                    raise
-            finally:
-                future.cancel()
-                del future  # as in _call: no cycle through the handler's error
-        finally:
-            watch.cancel()
-
     def busy_threads(self) -> list[tuple[str, int | None]]:
         """The sync handler threads still running a handler, and their jobs."""
-        return [] if self._runners is None else self._runners.busy()
-
-    def _sync_runners(self) -> SyncRunners:
-        if self._runners is None:
-            self._runners = SyncRunners(
-                asyncio.get_running_loop(), self._concurrency, "sqla-jobs-handler"
-            )
-        return self._runners
+        return self._calls.busy_threads()
