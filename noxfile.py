@@ -17,13 +17,15 @@ nox -s docs        the documentation site, built strictly into docs/_build/html
 nox -s browser     the dashboard in a real browser (Debian's chromium and chromium-driver);
                    SQLA_JOBS_SCREENSHOTS=1 also rewrites the screenshots in docs/
 
-CI covers every declared Python with the whole suite, one suite at a time, each in parallel
-processes (the tests session's -n), on the machine's PostgreSQL 15 or an embedded PostgreSQL 18:
+CI covers every declared Python, one suite at a time, each in parallel processes (the tests
+session's -n), on the machine's PostgreSQL 15 or an embedded PostgreSQL 18: the whole suite on
+three of them, and on the fourth the unit and integration tests (the library's own code; its
+processes, migrations and fault scenarios already run on three Pythons and both servers):
 
     tests --force-python 3.11   (newest dependencies)   machine's PostgreSQL 15
     tests --force-python 3.13   (newest dependencies)   embedded PostgreSQL 18
     tests_lowest                (3.10, the floors)      machine's PostgreSQL 15
-    tests --force-python 3.12   (newest dependencies)   embedded PostgreSQL 18
+    quick --force-python 3.12   (newest dependencies)   embedded PostgreSQL 18
 
 then examples, browser, lint, typecheck and docs, one at a time.
 """
@@ -48,8 +50,8 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 # embedded PostgreSQL) running: a SIGTERM is made a Ctrl-C.
 signal.signal(signal.SIGTERM, _interrupt)
 
-#: Every Python that requires-python admits. CI runs the whole suite on each: tests on 3.11, 3.12
-#: and 3.13 (--force-python), tests_lowest on the oldest.
+#: Every Python that requires-python admits. CI runs the whole suite on three: tests on 3.11 and
+#: 3.13 (--force-python), tests_lowest on the oldest; and quick on 3.12.
 PYTHON = ["3.10", "3.11", "3.12", "3.13"]
 #: The extras whose floors tests_lowest checks with the test suite's own.
 LOWEST_EXTRAS = "test,metrics,otel,embedded"
