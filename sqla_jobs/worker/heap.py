@@ -8,9 +8,8 @@ each time the older generations filled it walked them too; a full collection wal
 the process holds, most of them the modules, SQLAlchemy and pydantic state loaded at startup,
 which are never garbage. Frozen (:func:`gc.freeze`), those are left out of every later
 collection; with the young threshold at :data:`YOUNG_THRESHOLD` a drain's jobs, which reference
-counting frees, no longer start collections at all (bench/README.md: 1.3 to 1.6 us per job of a
-no-op drain's 13 to 16 before). The worker's own code makes almost no garbage cycles, so the
-collector still runs, only less often.
+counting frees, no longer start collections at all (bench/README.md). The worker's own code
+makes no garbage cycles per job, so the collector still runs, only less often.
 
 Only for a process that exists to run the worker (``sqla-jobs worker``): in an application's own
 process, freezing the heap would also keep any of its objects that later end up in a garbage

@@ -39,7 +39,7 @@ class Overruns:
             await asyncio.wait({future}, timeout=timeout)
             if future.done():
                 return future.result()
-            self._overrun(timeout, job)
+            self._warn_overrun(timeout, job)
             await asyncio.wait({future}, timeout=self._stuck_grace)
             if not future.done():
                 self._stuck(job)
@@ -55,7 +55,7 @@ class Overruns:
             f"started{detail})"
         )
 
-    def _overrun(self, timeout: float, job: ClaimedJob) -> None:
+    def _warn_overrun(self, timeout: float, job: ClaimedJob) -> None:
         log.warning(
             "job %s (%s) passed its timeout of %gs; its sync handler cannot be interrupted: the "
             "job stays running until the handler returns",
