@@ -39,11 +39,11 @@ def notifier(conninfo: str) -> Notifier:
     """This process's notifier for ``conninfo``, started on first use (and again if its thread
     has ended)."""
     found = _notifiers.get(conninfo)
-    if found is not None and found.is_alive():
+    if found is not None and not found.ended:
         return found
     with _lock:
         found = _notifiers.get(conninfo)
-        if found is None or not found.is_alive():
+        if found is None or found.ended or not found.is_alive():
             found = Notifier(conninfo)
             found.start()
             _notifiers[conninfo] = found

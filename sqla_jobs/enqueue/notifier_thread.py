@@ -61,7 +61,7 @@ class Notifier(threading.Thread):
         self._last_connect = -RETRY  # time.monotonic() of the last connection attempt
         self._logs: list[tuple[str, str, tuple[Any, ...], BaseException | None]] = []
         self._waker = _conn.Waker()
-        self._closed = False  # the thread ended and closed its pipe
+        self._closed = False  # the thread ended and closed its pipe (see ended)
         self._statements = _conn.Statements()
         #: Statements sent (each carrying one or more wakeups); tests and the bench read it.
         self.sent = 0
@@ -72,6 +72,14 @@ class Notifier(threading.Thread):
         """Send ``wakeups`` ((channel, queue) pairs) now, in one statement, or with the next one
         when a statement is in flight or the interval is not over; never blocks on the
         database."""
+        # All pending already (a busy process: most commits between two sends): the statement
+        # that takes them out of ``_pending`` starts after this commit, so it carries them. No lock.
+        pending = self._pending
+        for wakeup in wakeups:
+            if wakeup not in pending:
+                break
+        else:
+            return
         with self._cond:
             first = not self._pending
             self._pending.update(dict.fromkeys(wakeups))
@@ -84,6 +92,12 @@ class Notifier(threading.Thread):
             self._start()
         if self._logs:  # read without the lock: a log appended meanwhile goes with the next
             self._emit()
+
+    @property
+    def ended(self) -> bool:
+        """Whether the thread has ended (or is ending): a lookup, where ``is_alive()`` takes the
+        thread's lock, once per enqueuing commit."""
+        return self._closed
 
     def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until nothing is pending or in flight."""

@@ -1,13 +1,15 @@
 """The after-commit notifier under faults: descriptors past select()'s 1024, a statement the server
-refuses, an error no one foresaw in its thread, a failure to reach it from the commit hook. A
-wakeup is a hint (workers poll), but a notifier must neither die, nor hammer the server, nor turn
-a committed transaction into an exception."""
+refuses, an error no one foresaw in its thread, a failure to reach it from the commit hook, a
+lock held while commits go on. A wakeup is a hint (workers poll), but a notifier must neither
+die, nor hammer the server, nor turn a committed transaction into an exception, nor make a
+commit wait."""
 
 from __future__ import annotations
 
 import logging
 import os
 import resource
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,8 +24,9 @@ from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.enqueue import notifier as _notifier
 from sqla_jobs.enqueue import notifier_thread as _notifier_thread
 from sqla_jobs.enqueue.notifier import Notifier
+from tests._waiting import DEADLINE
 
-from ._listening import ARRIVES, Heard
+from ._listening import ARRIVES, QUIET, Heard
 from ._workers import wait_until
 
 CHANNEL = Jobs().channel
@@ -78,6 +81,37 @@ def test_descriptors_past_1024_do_not_stop_the_wakeups(
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_wakeup_already_pending_is_left_to_the_next_statement_without_waiting_for_the_lock(
+    migrated_url: str, heard: Heard, start: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between two sends a busy process commits many times, most of them for a queue already
+    pending: such a commit hands nothing over, and does not wait for the lock that the thread,
+    or another committing thread, holds. The next statement carries the queue, once."""
+    monkeypatch.setattr(_notifier_thread, "INTERVAL", 0.5)  # the second send must wait for it
+    notifier = start(libpq_conninfo(migrated_url))
+    notifier.send([(CHANNEL, "first")])
+    assert heard.within(ARRIVES) == ["first"]
+    notifier.send([(CHANNEL, "busy")])  # within the interval: pending
+    returned = threading.Event()
+    fresh = threading.Event()
+
+    def commit_again(queue: str, done: threading.Event) -> None:
+        notifier.send([(CHANNEL, queue)])
+        done.set()
+
+    with notifier._cond:
+        threading.Thread(target=commit_again, args=("busy", returned)).start()
+        assert returned.wait(DEADLINE), "a pending wakeup waited for the notifier's lock"
+        # A queue not pending yet must be added under the lock: this one waits for it.
+        threading.Thread(target=commit_again, args=("fresh", fresh)).start()
+    assert fresh.wait(DEADLINE)
+    got = heard.within(ARRIVES)
+    while len(got) < 2 and (more := heard.within(ARRIVES)):
+        got += more
+    assert sorted(got) == ["busy", "fresh"]
+    assert heard.within(QUIET) == []
 
 
 @pytest.fixture

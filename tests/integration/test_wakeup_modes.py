@@ -364,3 +364,20 @@ def test_the_queues_of_one_commit_are_woken_by_one_statement(clean: Engine, hear
     assert _notifier.flush_all(DEADLINE)
     assert sorted(heard.within(ARRIVES)) == ["a", "b", "c"]
     assert notifier.sent - before == 1
+
+
+def test_a_notifier_whose_thread_ended_is_replaced_at_the_next_commit(
+    clean: Engine, heard: Heard
+) -> None:
+    jobs = make_jobs()
+    conninfo = _notify._conninfo(clean)
+    ended = _notifier.notifier(conninfo)
+    ended.stop()
+    ended.join(DEADLINE)
+    assert ended.ended
+    assert not ended.is_alive()
+    with Session(clean) as session:
+        jobs.enqueue(session, Ping(), queue="after")
+        session.commit()
+    assert heard.within(ARRIVES) == ["after"]
+    assert _notifier.notifier(conninfo) is not ended
