@@ -54,7 +54,8 @@ from sqla_jobs.worker.reaper import Reaper
 from sqla_jobs.worker.services import start_threads, stop_thread
 from sqla_jobs.worker.session_runs import AnyMaker, SessionRuns
 from sqla_jobs.worker.shutdown import shutdown
-from sqla_jobs.worker.startup import StartChecks, Startup
+from sqla_jobs.worker.signals import EXIT_FORCED, StopSignals
+from sqla_jobs.worker.startup import StartChecks, Startup, log_started
 from sqla_jobs.worker.wakeups import Wakeups
 
 if TYPE_CHECKING:
@@ -64,8 +65,6 @@ __all__ = ["EXIT_FORCED", "EXIT_STUCK", "HandlerTimeout", "Worker"]
 
 log = logging.getLogger("sqla_jobs.worker")
 
-#: Exit code of a worker forced out by a second signal.
-EXIT_FORCED = 130
 #: Exit code of a worker that stopped because a sync handler was stuck far past its timeout.
 EXIT_STUCK = 5
 
@@ -262,9 +261,9 @@ class Worker:
         loop = asyncio.get_running_loop()
         wakeups = self.wakeups = Wakeups(loop)
         wakeups.stopping = self._stop_requested
+        handlers = StopSignals(loop, stopping=lambda: self._stop_requested, stop=self._on_signal)
         if signals:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, self._on_signal, sig)
+            handlers.install()
         if self.config.schedules and self.jobs.schedules:
             self.scheduler = Scheduler(self.jobs, self.connector)
         checks = StartChecks(
@@ -290,16 +289,8 @@ class Worker:
         assert self.lanes is not None
         self._start_threads()
         self.monitor.start()
-        log.info(
-            "worker %s started: queues=%s concurrency=%s lease=%gs listen=%s schedules=%d",
-            self.name,
-            ",".join(self.config.queues),
-            self.config.concurrency,
-            self.config.lease,
-            self.config.listen,
-            len(self.jobs.schedules) if self.scheduler is not None else 0,
-            extra={"event": "started"},
-        )
+        schedules = len(self.jobs.schedules) if self.scheduler is not None else 0
+        log_started(self.name, self.config, schedules)
         self.started.set()
         try:
             await fetch.run()
@@ -325,8 +316,7 @@ class Worker:
             self._slots.close()
             self._steps.close()
             if signals:
-                for sig in (signal.SIGTERM, signal.SIGINT):
-                    loop.remove_signal_handler(sig)
+                handlers.remove()
         said = " ".join(f"{key}={n}" for key, n in self.counts.items())
         log.info("worker %s stopped: %s", self.name, said, extra={"event": "stopped"})
         return self._exit_code
@@ -380,14 +370,11 @@ class Worker:
         if self.scheduler is not None:
             self.scheduler.start()
 
-    def _on_signal(self, sig: int) -> None:
-        if self._stop_requested:
-            log.error("second %s: exiting now", signal.Signals(sig).name, extra={"event": "forced"})
-            logging.shutdown()
-            os._exit(EXIT_FORCED)
+    def _on_signal(self, sig: signal.Signals) -> None:
+        """The first SIGTERM or SIGINT (a second one exits: :mod:`~sqla_jobs.worker.signals`)."""
         log.info(
             "%s: stopping (finishing %d running jobs, up to %gs)",
-            signal.Signals(sig).name,
+            sig.name,
             len(self.holdings.running),
             self.config.shutdown_timeout,
             extra={"event": "stopping"},

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -32,6 +33,7 @@ from sqla_jobs.db.connections import (
     not_primary,
     should_reconnect,
 )
+from sqla_jobs.worker.config import WorkerConfig
 from sqla_jobs.worker.session_checks import check_sessions
 from sqla_jobs.worker.wakeups import Wakeups
 
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
     from sqla_jobs.worker.session_runs import SessionRuns
 
 T = TypeVar("T")
+log = logging.getLogger("sqla_jobs.worker")
 
 #: Seconds a start-up connection attempt may take per host (a frozen host does not answer).
 CONNECT_TIMEOUT = 5
@@ -201,3 +204,17 @@ class StartChecks:
         if self.parts is not None:
             self.parts.slots.close()
             self.parts.steps.close()
+
+
+def log_started(name: str, config: WorkerConfig, schedules: int) -> None:
+    """The line that says a worker has started, and with what."""
+    log.info(
+        "worker %s started: queues=%s concurrency=%s lease=%gs listen=%s schedules=%d",
+        name,
+        ",".join(config.queues),
+        config.concurrency,
+        config.lease,
+        config.listen,
+        schedules,
+        extra={"event": "started"},
+    )
