@@ -61,7 +61,9 @@ class Notifier(threading.Thread):
         self._last_connect = -RETRY  # time.monotonic() of the last connection attempt
         self._logs: list[tuple[str, str, tuple[Any, ...], BaseException | None]] = []
         self._waker = _conn.Waker()
-        self._closed = False  # the thread ended and closed its pipe (see ended)
+        #: The thread has ended and closed its pipe: a lookup for notifier(), where is_alive()
+        #: takes the thread's lock, once per enqueuing commit.
+        self.ended = False
         self._statements = _conn.Statements()
         #: Statements sent (each carrying one or more wakeups); tests and the bench read it.
         self.sent = 0
@@ -93,12 +95,6 @@ class Notifier(threading.Thread):
         if self._logs:  # read without the lock: a log appended meanwhile goes with the next
             self._emit()
 
-    @property
-    def ended(self) -> bool:
-        """Whether the thread has ended (or is ending): a lookup, where ``is_alive()`` takes the
-        thread's lock, once per enqueuing commit."""
-        return self._closed
-
     def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until nothing is pending or in flight."""
         deadline = time.monotonic() + timeout
@@ -117,7 +113,7 @@ class Notifier(threading.Thread):
 
     def _poke(self) -> None:
         # Under the lock: once the thread has ended, its pipe's numbers may belong to others.
-        if not self._closed:
+        if not self.ended:
             self._waker.poke()
 
     def _log(self, event: str, message: str, *args: Any, exc: BaseException | None = None) -> None:
@@ -171,7 +167,7 @@ class Notifier(threading.Thread):
         finally:
             self._close()
             with self._cond:
-                self._closed = True
+                self.ended = True
                 self._cond.notify_all()
             self._emit()
             self._waker.close()
