@@ -198,6 +198,11 @@ class Lanes:
                     str(exc).splitlines()[0],
                     extra={"event": "write_failed"},
                 )
+                # On a fresh connection: psycopg records a statement as prepared when it sends
+                # its Parse, which the server skipped in the aborted pipeline; on this one, each
+                # later run of that statement would fail ("prepared statement does not exist").
+                await self.close(lane)
+                conn = await self.connection(lane)
                 holdings.finished = await self._writer.isolate(conn, batch) + holdings.finished
                 return 0
         except BaseException:

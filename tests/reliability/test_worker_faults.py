@@ -225,7 +225,10 @@ def test_a_user_foreign_key_to_a_job_never_kills_the_worker(
             codes = fleet.stop()
         assert codes == {worker.pid: 0}, f"not a clean stop on SIGTERM: {codes}\n{fleet.logs()}"
         left = rows_by_id(clean)
-        assert set(left) == {kept, refused}, left
+        assert set(left) == {kept, refused}, (
+            {i: (r["state"], r["last_error"]) for i, r in left.items()},
+            fleet.logs()[-6000:],
+        )
         assert left[kept]["state"] == "completed", left[kept]
         assert left[refused]["state"] == "dead", left[refused]
         assert "refused on purpose" in str(left[refused]["last_error"]), left[refused]
