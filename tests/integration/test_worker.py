@@ -29,6 +29,7 @@ from sqlalchemy.orm import Session
 from sqla_jobs import Backoff, ConfigurationError, JobContext, Jobs, Worker
 from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.testing import WorkerSeams
+from sqla_jobs.worker import handoff
 from sqla_jobs.worker.facade import EXIT_STUCK
 from sqla_jobs.worker.holdings import Holdings
 from sqla_jobs.worker.prefetch import CAP
@@ -1128,6 +1129,26 @@ def test_a_stop_while_the_listener_claims_gives_the_claimed_job_back(
     # Back in the queue, its attempt undone: not left running until its lease expires.
     assert (row.state, row.attempts, row.lease_token) == ("pending", 0, None)
     assert worker.counts["released"] == 1
+
+
+def test_the_listeners_claim_wakes_the_event_loop_before_its_rows_arrive(
+    clean: Engine, migrated_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle worker's listener wakes the event loop's thread as its claim starts: the rows it
+    then delivers find that thread awake (the last hop of a pickup)."""
+    woken: list[threading.Thread] = []
+    monkeypatch.setattr(handoff, "_awake", lambda: woken.append(threading.current_thread()))
+    jobs, runs = Jobs(), Runs()
+    worker = _idle_listening_worker(jobs, migrated_url, runs)
+    with gated_claims(clean, "gate") as holder, running(worker):
+        wait_until(parked(worker), "the worker is idle")
+        (job_id,) = enqueue(clean, jobs, [Ping()])
+        wait_until(lambda: gate_waiters(clean) == ["listen"], "the listener's claim is held")
+        wait_until(lambda: bool(woken), "the event loop woken while the claim is held")
+        assert woken[0] is not worker.listener, "woken on the listener's thread, not the loop's"
+        open_gate(holder)
+        runs.wait_for(lambda rs: [r.job_id for r in rs] == [job_id], "the job ran")
+    assert len(woken) == 1
 
 
 def test_a_listen_connection_killed_mid_claim_loses_no_job(
