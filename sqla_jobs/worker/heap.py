@@ -22,8 +22,8 @@ from __future__ import annotations
 import gc
 
 #: Net allocations of container objects between two young collections (CPython's default: 700).
-#: Above what a worker holds at once (a claim of up to 512 jobs, a prefetch buffer of up to 1,024,
-#: a few objects each), so holding them no longer triggers walks of them.
+#: Above what one claim brings (up to 1,024 jobs, a few objects each), so taking a claim's jobs in
+#: no longer triggers walks of them.
 YOUNG_THRESHOLD = 10_000
 
 

@@ -14,10 +14,10 @@ SHORT_JOB = 0.05
 #: The automatic prefetch holds about this much work per slot (seconds of average run time)...
 HORIZON = 0.1
 #: ... and at most this many jobs.
-CAP = 1024
+CAP = 2048
 #: ... and a claim asks for at most this many of them: two claims of a busy worker can be in
 #: flight at once; fewer, bigger claims spend less of a 2-core machine on round trips.
-CLAIM_CAP = 512
+CLAIM_CAP = 1024
 #: The average is re-read for every one of the first runs, then every this many.
 _RESIZE_EVERY = 8
 

@@ -1270,7 +1270,7 @@ def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
     assert idle.lanes.lanes[1].conn is None, "one job needs no second connection"
     assert idle.lanes.lanes[1].claimed == 0
 
-    # Claims of 128 (not the automatic up to 512): enough round trips for both lanes to show.
+    # Claims of 128 (not the automatic up to 1,024): enough round trips for both lanes to show.
     busy = Worker(jobs, migrated_url, concurrency=4, poll_interval=0.2, name="busy", batch_size=128)
     held = peak_held(busy)
     with running(busy):
