@@ -42,6 +42,7 @@ from sqla_jobs.sql.testing import due_for_testing
 __all__ = [
     "BEGIN_WITHOUT_JIT",
     "CLAIMED_COLUMNS",
+    "LISTEN_SESSION",
     "claim",
     "claim_for_testing",
     "claim_jobs",
@@ -62,6 +63,13 @@ __all__ = [
 #: message, in the round trip a lone ``BEGIN`` takes; ``SET LOCAL`` holds through PgBouncer's
 #: transaction pooling.
 BEGIN_WITHOUT_JIT = "BEGIN; SET LOCAL jit = off"
+
+#: The session of a worker's LISTEN connection, whose thread claims for an idle worker
+#: (``sqla_jobs.worker.handoff``). The claim commits without waiting for its WAL flush (the handler's
+#: commit or the job's outcome flushes it; a server crash before then runs the job again, as any
+#: crash does), and keeps its generic plan once prepared: left to choose, the server plans it anew
+#: at every run, on the pickup's path. A LISTEN holds a session of its own: no pool's clients share it.
+LISTEN_SESSION = "SET synchronous_commit = off; SET plan_cache_mode = force_generic_plan"
 
 
 def claim_jobs(

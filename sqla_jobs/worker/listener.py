@@ -26,6 +26,7 @@ from psycopg import sql
 
 from sqla_jobs.db.connections import Connector, Reconnects, close_quietly, serve
 from sqla_jobs.enqueue.payloads import parse_due
+from sqla_jobs.sql.claim import LISTEN_SESSION
 
 log = logging.getLogger("sqla_jobs.worker")
 
@@ -124,12 +125,9 @@ class Listener(threading.Thread):
             # A statement the server never acknowledges (a half-open connection) fails after this.
             tcp_user_timeout=int(self._check_timeout * 1000),
         )
-        # The claim this connection makes when woken (worker.handoff) commits without waiting for
-        # its WAL flush: the handler's first commit, or the job's outcome, flushes it anyway (WAL
-        # is flushed in order); only a server crash before either loses it, and the job, pending
-        # again, runs again, as after any crash.
+        # Settings for the claim it makes when woken (see LISTEN_SESSION).
         try:
-            conn.execute("SET synchronous_commit = off")
+            conn.execute(LISTEN_SESSION)
         except BaseException:
             close_quietly(conn)
             raise

@@ -1151,6 +1151,45 @@ def test_the_listeners_claim_wakes_the_event_loop_before_its_rows_arrive(
     assert len(woken) == 1
 
 
+def test_the_listeners_claim_runs_with_a_generic_plan(clean: Engine, migrated_url: str) -> None:
+    """The claim an idle worker's listener makes keeps its generic plan once prepared: the server
+    does not plan it again at every pickup. A test-only trigger records the settings each claim
+    runs under, and on which connection."""
+    execute(clean, "CREATE TABLE sqla_jobs_test_claims (app text, plan_mode text, sync text)")
+    execute(
+        clean,
+        """
+        CREATE FUNCTION sqla_jobs_test_record() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO sqla_jobs_test_claims VALUES (current_setting('application_name'),
+                current_setting('plan_cache_mode'), current_setting('synchronous_commit'));
+            RETURN NEW;
+        END $$
+        """,
+    )
+    execute(
+        clean,
+        "CREATE TRIGGER sqla_jobs_test_record BEFORE UPDATE ON sqla_jobs_job FOR EACH ROW "
+        "WHEN (NEW.state = 'running' AND OLD.state = 'pending') "
+        "EXECUTE FUNCTION sqla_jobs_test_record()",
+    )
+    jobs, runs = Jobs(), Runs()
+    worker = _idle_listening_worker(jobs, migrated_url, runs)
+    try:
+        with running(worker):
+            wait_until(parked(worker), "the worker is idle")
+            (job_id,) = enqueue(clean, jobs, [Pong()])
+            runs.wait_for(lambda rs: [r.job_id for r in rs] == [job_id], "the job ran")
+        with clean.connect() as conn:
+            claims = conn.exec_driver_sql("SELECT * FROM sqla_jobs_test_claims").all()
+    finally:
+        execute(clean, "DROP TRIGGER IF EXISTS sqla_jobs_test_record ON sqla_jobs_job")
+        execute(clean, "DROP FUNCTION IF EXISTS sqla_jobs_test_record()")
+        execute(clean, "DROP TABLE IF EXISTS sqla_jobs_test_claims")
+    listener = [(plan, sync) for app, plan, sync in claims if app.startswith("sqla-jobs listen ")]
+    assert listener == [("force_generic_plan", "off")], claims
+
+
 def test_a_listen_connection_killed_mid_claim_loses_no_job(
     clean: Engine, migrated_url: str
 ) -> None:
