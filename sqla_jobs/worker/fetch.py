@@ -68,6 +68,8 @@ class FetchLoop:
         #: The idle poll's period: the poll interval, but at least as often as enqueue announces
         #: delayed jobs ahead (HORIZON), or one due within a longer interval could be missed.
         self._poll_every = min(config.poll_interval, HORIZON)
+        #: The last claim came back full: there is a backlog, which the next lane may share.
+        self._full = False
 
     async def run(self) -> None:
         """Run every lane's loop until stopped; an unexpected error in one stops them all (after
@@ -223,9 +225,14 @@ class FetchLoop:
             return False
         limit = min(room, limit) if want_claim else 0
         count = wakeups.count
+        if want_claim and self._full and lane.index + 1 < len(self._lanes.lanes):
+            # A backlog: the next lane claims beside this one if the room allows (it decides
+            # once this claim is in flight), rather than when the buffer has run down.
+            wakeups.event.set()
         claimed = await self._lanes.write_and_claim(limit, lane, queues)
         lane.trips += 1
         if want_claim:
+            self._full = claimed >= limit
             wakeups.last_claim = time.monotonic()
             # Fewer than asked: the queue is empty for now. But a wakeup that arrived while the
             # claim was in flight may announce a job committed after the claim's snapshot.

@@ -322,3 +322,39 @@ def test_a_fault_on_lane_one_after_another_connections_outage_is_said(
     assert any(m.startswith("database connection lost (claim connection") for m in said), said
     assert said[-1].startswith("database back after"), said
     assert "claim connection works again" in said[-1], said
+
+
+def test_after_a_full_claim_the_next_one_sends_lane_one_to_claim_beside_it() -> None:
+    """A backlog (the last claim came back full): lane 1 claims while lane 0's next claim is in
+    flight, not once the buffer has run down, so a busy worker has both lanes working from its
+    second claim on."""
+
+    async def test(fetch: FetchLoop, lanes: ScriptedLanes, w: Wakeups, h: Holdings) -> None:
+        first = await lanes.next_trip(0)
+        assert (first.lane, first.limit) == (0, 4)  # nothing measured yet: the free slots
+        fetch._prefetch.resize(1e-6)  # the first jobs ran in a microsecond: the full prefetch
+        first.end(4)
+        second = await lanes.next_trip(1)
+        assert second.lane == 0
+        beside = await lanes.next_trip(2)
+        assert beside.lane == 1
+        assert beside.limit > 0
+        assert not second._claimed.done()
+
+    running_loop(test)
+
+
+def test_after_a_short_claim_the_next_one_leaves_lane_one_asleep() -> None:
+    """No backlog (the last claim came back short): a NOTIFY's claim goes out on lane 0 alone, and
+    an idle worker keeps to one connection."""
+
+    async def test(fetch: FetchLoop, lanes: ScriptedLanes, w: Wakeups, h: Holdings) -> None:
+        fetch._prefetch.resize(1e-6)
+        seen = await idle(lanes, w)
+        w.wake()  # a NOTIFY
+        claim = await lanes.next_trip(seen)
+        assert (claim.lane, claim.limit) == (0, 4 + 1024)
+        await asyncio.sleep(0.1)
+        assert len(lanes.trips) == seen + 1
+
+    running_loop(test)
