@@ -287,13 +287,8 @@ class Worker:
             return self._exit_code
         fetch = self._fetch
         assert self.lanes is not None
-        self._start_threads()
-        self.monitor.start()
-        schedules = len(self.jobs.schedules) if self.scheduler is not None else 0
-        log_started(self.name, self.config, schedules)
-        self.started.set()
         try:
-            await fetch.run()
+            await fetch.run(self._start_services)
             # First the listener: a claim its thread has in flight is delivered before the
             # shutdown gives back what was never started.
             await stop_thread(self.listener)
@@ -350,6 +345,13 @@ class Worker:
         )
         self._fetch = parts.fetch
         return parts
+
+    def _start_services(self) -> None:
+        self._start_threads()
+        self.monitor.start()
+        schedules = len(self.jobs.schedules) if self.scheduler is not None else 0
+        log_started(self.name, self.config, schedules)
+        self.started.set()
 
     def _start_threads(self) -> None:
         assert self.wakeups is not None

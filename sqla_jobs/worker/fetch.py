@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 import psycopg
 
@@ -70,15 +71,27 @@ class FetchLoop:
         self._poll_every = min(config.poll_interval, HORIZON)
         #: The last claim came back full: there is a backlog, which the next lane may share.
         self._full = False
+        #: Set once the first lane's first round trip is on its way.
+        self._first_trip = asyncio.Event()
 
-    async def run(self) -> None:
-        """Run every lane's loop until stopped; an unexpected error in one stops them all (after
-        their round trips in flight end) and is raised."""
+    async def run(self, started: Callable[[], None] | None = None) -> None:
+        """Run every lane's loop until stopped, calling ``started`` once the first lane's first
+        round trip is on its way; an unexpected error in one stops them all (after their round
+        trips in flight end) and is raised."""
         loops = [
             asyncio.create_task(self._loop(lane), name=f"sqla-jobs-fetch-{lane.index}")
             for lane in self._lanes.lanes
         ]
         try:
+            if started is not None:
+                # The worker's threads start while the server answers: connecting, they would
+                # hold the GIL while the loop sends that round trip.
+                first = asyncio.ensure_future(self._first_trip.wait())
+                try:
+                    await asyncio.wait((loops[0], first), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    first.cancel()
+                started()
             _, pending = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
         except BaseException:
             for loop in loops:
@@ -96,6 +109,9 @@ class FetchLoop:
         wakeups = self._wakeups
         reconnects = Reconnects("claim connection", "conn_lost")
         refused = 0
+        if not lane.index:
+            # Runs once this task first waits: on its first round trip's answer.
+            asyncio.get_running_loop().call_soon(self._first_trip.set)
         while not wakeups.stopping:
             wakeups.event.clear()
             self._slots.fill()

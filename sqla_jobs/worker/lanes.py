@@ -92,16 +92,21 @@ class Lanes:
         """``lane``'s connection, opened if it has none."""
         if lane.conn is None or lane.conn.closed:
             role = f"claim{lane.index + 1}" if lane.index else "claim"
-            lane.conn = await self._connector.aconnect(role)
-            # Once per connection, so a foreign key added while the worker runs is found at the
-            # reconnect that its first failed pipeline causes.
-            deferred = self._sql.deferred_job_triggers
-            cur = await lane.conn.execute(
-                deferred.sql, deferred.params(job_table=self._sql.job_table)
-            )
-            found = await cur.fetchone()
-            lane.immediate = bool(found and found[0])
+            return await self.adopt(lane, await self._connector.aconnect(role))
         return lane.conn
+
+    async def adopt(self, lane: Lane, conn: AsyncConn) -> AsyncConn:
+        """Make ``conn`` (a new connection) ``lane``'s, closing any it had; returns it."""
+        if lane.conn is not None:
+            await aclose_quietly(lane.conn)
+        lane.conn = conn
+        # Once per connection, so a foreign key added while the worker runs is found at the
+        # reconnect that its first failed pipeline causes.
+        deferred = self._sql.deferred_job_triggers
+        cur = await conn.execute(deferred.sql, deferred.params(job_table=self._sql.job_table))
+        found = await cur.fetchone()
+        lane.immediate = bool(found and found[0])
+        return conn
 
     async def close(self, lane: Lane | None = None) -> None:
         """Close ``lane``'s connection (default: every lane's)."""

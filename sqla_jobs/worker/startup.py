@@ -11,7 +11,8 @@ once, a connection attempt in flight included.
 The checks that follow (the scheduler's grants, the handler Sessions' grants, the first claim
 connection and the registry row) run once a server takes writes; one that meets a lost connection
 (a failover under way) waits again and runs them all again. The same check losing its connection
-twice in a row while a primary answers is no failover: it raises.
+twice in a row while a primary answers is no failover: it raises. The connection that found the
+primary becomes the first claim lane's: a start opens one connection fewer before its first claim.
 """
 
 from __future__ import annotations
@@ -65,18 +66,22 @@ class Startup:
         self._first = True
 
     async def run(
-        self, checks: Callable[[], Awaitable[None]], undo: Callable[[], Awaitable[None]]
+        self,
+        checks: Callable[[AsyncConn], Awaitable[None]],
+        undo: Callable[[], Awaitable[None]],
     ) -> bool:
-        """Run ``checks`` once a server takes writes; after a lost connection in them, ``undo``
-        what they opened, wait and run them again. False: stopped before they passed."""
+        """Run ``checks`` once a server takes writes, given the connection that found it (theirs
+        to keep or close, also when they raise); after a lost connection in them, ``undo`` what
+        they opened, wait and run them again. False: stopped before they passed."""
         failed = False
         while True:
-            waited = await self._primary()
-            if waited is None:
+            found = await self._primary()
+            if found is None:
                 return False
+            conn, waited = found
             failed = failed and not waited
             try:
-                await checks()
+                await checks(conn)
                 return True
             except Exception as exc:
                 if failed or not should_reconnect(exc):
@@ -85,22 +90,26 @@ class Startup:
                 await undo()
                 self._reconnects.lost(exc)
 
-    async def _primary(self) -> bool | None:
-        """Until a server of the URL takes writes: whether it had to wait (None: stopped)."""
+    async def _primary(self) -> tuple[AsyncConn, bool] | None:
+        """Until a server of the URL takes writes: a connection to it, and whether it had to
+        wait (None: stopped)."""
         waited = False
         while not self._wakeups.stopping:
             try:
-                conn = await self._unless_stopped(self._connect())
+                # Named as the claim connection it becomes.
+                conn = await self._unless_stopped(self._connect("claim"))
                 if conn is None:
                     return None
                 try:
                     why = not_primary(conn)
-                    if why is None:
-                        self._reconnects.ok(conn)
-                        self._first = False
-                        return waited
-                finally:
+                except BaseException:
                     await aclose_quietly(conn)
+                    raise
+                if why is None:
+                    self._reconnects.ok(conn)
+                    self._first = False
+                    return conn, waited
+                await aclose_quietly(conn)
                 lost: BaseException = NoPrimary(why)
             except Exception as exc:
                 if not should_reconnect(exc):
@@ -112,15 +121,15 @@ class Startup:
                 return None
         return None
 
-    async def _connect(self, **extra: object) -> AsyncConn:
-        return await self._connector.aconnect("start", connect_timeout=CONNECT_TIMEOUT, **extra)
+    async def _connect(self, role: str, **extra: object) -> AsyncConn:
+        return await self._connector.aconnect(role, connect_timeout=CONNECT_TIMEOUT, **extra)
 
     async def _explain(self, exc: Exception) -> BaseException:
         """Why no connection takes writes: a server that answers but is a standby (found by a
         connection to any server of the URL), else ``exc``, raised if this was the first attempt:
         nothing answers a URL that never worked."""
         try:
-            conn = await self._unless_stopped(self._connect(target_session_attrs="any"))
+            conn = await self._unless_stopped(self._connect("start", target_session_attrs="any"))
         except Exception:
             if self._first:
                 raise exc from None
@@ -175,18 +184,23 @@ class StartChecks:
     build: Callable[[], Parts]
     parts: Parts | None = None
 
-    async def run(self) -> None:
-        if self.scheduler is not None:
-            # A role that may not enqueue stops the worker, named.
-            await asyncio.to_thread(self.scheduler.check)
-        if self.sessions is not None:
-            queues = self.queues
-            handled = [k for k in self.jobs if k.wants_session and k.options.queue in queues]
-            await check_sessions(self.sessions, handled)
-        if self.parts is None:
-            self.parts = self.build()
+    async def run(self, conn: AsyncConn) -> None:
+        """The checks, ``conn`` (on the primary) becoming the first claim lane's connection."""
+        try:
+            if self.scheduler is not None:
+                # A role that may not enqueue stops the worker, named.
+                await asyncio.to_thread(self.scheduler.check)
+            if self.sessions is not None:
+                queues = self.queues
+                handled = [k for k in self.jobs if k.wants_session and k.options.queue in queues]
+                await check_sessions(self.sessions, handled)
+            if self.parts is None:
+                self.parts = self.build()
+        except BaseException:
+            await aclose_quietly(conn)
+            raise
         lanes = self.parts.lanes
-        await self.monitor.join(await lanes.connection(lanes.lanes[0]))
+        await self.monitor.join(await lanes.adopt(lanes.lanes[0], conn))
 
     async def undo(self) -> None:
         """Drop the connections the checks opened (they met a failover)."""

@@ -81,6 +81,42 @@ def test_worker_connections_carry_keepalives_and_an_application_name(
     assert "tcp_user_timeout=5000" in dsns["listen"]
 
 
+def test_the_connection_that_found_the_primary_is_the_first_claim_lane(
+    clean: Engine, migrated_url: str
+) -> None:
+    """A start opens one asyncio connection before its first claim: the one that found a server
+    that takes writes becomes lane 0's (it used to be closed, and a second one opened)."""
+    jobs = Jobs()
+
+    @jobs.kind("ping", Ping)
+    def ping(args: Ping, ctx: JobContext) -> None:
+        pass
+
+    opened: list[tuple[str, str]] = []
+
+    def connector(conninfo: str, worker: str, threshold: int | None) -> Connector:
+        made = RecordingConnector(conninfo, worker, threshold)
+        made.opened = opened
+        return made
+
+    seams = WorkerSeams(connector=connector)
+    with running_workers(jobs, migrated_url, poll_interval=0.1, seams=seams) as (worker,):
+        assert worker.started.wait(DEADLINE)
+        assert worker.lanes is not None
+        lane = worker.lanes.lanes[0].conn
+        assert lane is not None
+        pid = lane.info.backend_pid
+        with clean.connect() as db:
+            name = db.execute(
+                text("SELECT application_name FROM pg_stat_activity WHERE pid = :pid"),
+                {"pid": pid},
+            ).scalar_one()
+    claims = [role for role, _ in opened if role.startswith(("claim", "start"))]
+    assert claims[0] == "claim", claims
+    assert "start" not in claims, claims
+    assert name == f"sqla-jobs claim {worker.name}"[:63]
+
+
 def test_a_listen_connection_lost_before_its_first_look_is_logged_back(
     clean: Engine, migrated_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:

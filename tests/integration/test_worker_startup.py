@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from psycopg import errors
 
-from sqla_jobs.db.connections import Connector
+from sqla_jobs.db.connections import AsyncConn, Connector
 from sqla_jobs.db.urls import libpq_conninfo
 from sqla_jobs.worker.startup import Startup
 from sqla_jobs.worker.wakeups import Wakeups
@@ -25,7 +25,9 @@ class Checks:
         self.runs = 0
         self.undone = 0
 
-    async def run(self) -> None:
+    async def run(self, conn: AsyncConn) -> None:
+        # The connection that found the primary is the checks' to keep or close.
+        await conn.close()
         self.runs += 1
         if self.runs <= self.failures:
             raise KILLED
@@ -57,7 +59,8 @@ def test_a_check_lost_twice_in_a_row_while_a_primary_answers_raises(migrated_url
 
 
 def test_an_error_that_is_not_a_lost_connection_raises_at_once(migrated_url: str) -> None:
-    async def refused() -> None:
+    async def refused(conn: AsyncConn) -> None:
+        await conn.close()
         raise errors.InsufficientPrivilege("permission denied for table sqla_jobs_job")
 
     checks = Checks(failures=0)

@@ -143,6 +143,7 @@ class ScriptedOrphans:
 def running_loop(
     test: Callable[[FetchLoop, ScriptedLanes, Wakeups, Holdings], Awaitable[None]],
     orphans: ScriptedOrphans | None = None,
+    started: Callable[[ScriptedLanes], None] | None = None,
 ) -> None:
     async def main() -> None:
         wakeups = Wakeups(asyncio.get_running_loop())
@@ -161,7 +162,9 @@ def running_loop(
             handoff=None,
             orphans=orphans,  # type: ignore[arg-type]
         )
-        task = asyncio.create_task(fetch.run())
+        task = asyncio.create_task(
+            fetch.run(None if started is None else lambda: started(lanes))
+        )
         try:
             await test(fetch, lanes, wakeups, holdings)
         finally:
@@ -175,6 +178,28 @@ def running_loop(
             await asyncio.wait_for(task, PROMPT)
 
     asyncio.run(main())
+
+
+def test_the_worker_starts_its_threads_once_the_first_round_trip_is_in_flight() -> None:
+    """``started`` (the worker's threads, whose connecting holds the GIL) runs while the first
+    lane's first round trip is with the server, not before it is sent; and only once."""
+    seen: list[list[bool]] = []
+
+    def started(lanes: ScriptedLanes) -> None:
+        seen.append([trip._claimed.done() for trip in lanes.trips])
+
+    async def test(fetch: FetchLoop, lanes: ScriptedLanes, w: Wakeups, h: Holdings) -> None:
+        first = await lanes.next_trip(0)
+        await asyncio.wait_for(_until(lambda: bool(seen)), PROMPT)
+        assert seen == [[False]]  # one trip, still in flight
+        first.end(0)
+        w.wake()
+        again = await lanes.next_trip(1)
+        again.end(0)
+        await asyncio.sleep(0.01)
+        assert len(seen) == 1
+
+    running_loop(test, started=started)
 
 
 async def idle(lanes: ScriptedLanes, wakeups: Wakeups) -> int:
