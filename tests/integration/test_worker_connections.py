@@ -40,9 +40,9 @@ class RecordingConnector(Connector):
         return conn
 
 
-def test_worker_connections_carry_keepalives_and_an_application_name(
-    clean: Engine, migrated_url: str
-) -> None:
+def recorded_worker() -> tuple[Jobs, list[tuple[str, str]], WorkerSeams]:
+    """A ``Jobs`` with one kind, and seams whose connector records each connection it opens (role,
+    DSN) in the list returned."""
     jobs = Jobs()
 
     @jobs.kind("ping", Ping)
@@ -56,7 +56,13 @@ def test_worker_connections_carry_keepalives_and_an_application_name(
         made.opened = opened
         return made
 
-    seams = WorkerSeams(connector=connector)
+    return jobs, opened, WorkerSeams(connector=connector)
+
+
+def test_worker_connections_carry_keepalives_and_an_application_name(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs, opened, seams = recorded_worker()
     with running_workers(jobs, migrated_url, poll_interval=0.1, seams=seams) as (worker,):
         wait_until(lambda: worker.listener is not None and worker.listener.connected.is_set())
         with clean.connect() as db:
@@ -86,20 +92,7 @@ def test_the_connection_that_found_the_primary_is_the_first_claim_lane(
 ) -> None:
     """A start opens one asyncio connection before its first claim: the one that found a server
     that takes writes becomes lane 0's (it used to be closed, and a second one opened)."""
-    jobs = Jobs()
-
-    @jobs.kind("ping", Ping)
-    def ping(args: Ping, ctx: JobContext) -> None:
-        pass
-
-    opened: list[tuple[str, str]] = []
-
-    def connector(conninfo: str, worker: str, threshold: int | None) -> Connector:
-        made = RecordingConnector(conninfo, worker, threshold)
-        made.opened = opened
-        return made
-
-    seams = WorkerSeams(connector=connector)
+    jobs, opened, seams = recorded_worker()
     with running_workers(jobs, migrated_url, poll_interval=0.1, seams=seams) as (worker,):
         assert worker.started.wait(DEADLINE)
         assert worker.lanes is not None
