@@ -162,9 +162,7 @@ def running_loop(
             handoff=None,
             orphans=orphans,  # type: ignore[arg-type]
         )
-        task = asyncio.create_task(
-            fetch.run(None if started is None else lambda: started(lanes))
-        )
+        task = asyncio.create_task(fetch.run(None if started is None else lambda: started(lanes)))
         try:
             await test(fetch, lanes, wakeups, holdings)
         finally:
