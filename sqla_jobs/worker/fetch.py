@@ -71,8 +71,6 @@ class FetchLoop:
         self._poll_every = min(config.poll_interval, HORIZON)
         #: The last claim came back full: there is a backlog, which the next lane may share.
         self._full = False
-        #: Set once the first lane's first round trip is on its way.
-        self._first_trip = asyncio.Event()
 
     async def run(self, started: Callable[[], None] | None = None) -> None:
         """Run every lane's loop until stopped, calling ``started`` once the first lane's first
@@ -84,13 +82,10 @@ class FetchLoop:
         ]
         try:
             if started is not None:
-                # The worker's threads start while the server answers: connecting, they would
-                # hold the GIL while the loop sends that round trip.
-                first = asyncio.ensure_future(self._first_trip.wait())
-                try:
-                    await asyncio.wait((loops[0], first), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    first.cancel()
+                # One turn of the loop: the lanes' first steps run (the loop runs ready tasks in
+                # the order they were scheduled), so lane 0's first round trip is out when the
+                # worker's threads start; connecting, they would hold the GIL while it is sent.
+                await asyncio.sleep(0)
                 started()
             _, pending = await asyncio.wait(loops, return_when=asyncio.FIRST_EXCEPTION)
         except BaseException:
@@ -109,9 +104,6 @@ class FetchLoop:
         wakeups = self._wakeups
         reconnects = Reconnects("claim connection", "conn_lost")
         refused = 0
-        if not lane.index:
-            # Runs once this task first waits: on its first round trip's answer.
-            asyncio.get_running_loop().call_soon(self._first_trip.set)
         while not wakeups.stopping:
             wakeups.event.clear()
             self._slots.fill()

@@ -96,9 +96,8 @@ class Lanes:
         return lane.conn
 
     async def adopt(self, lane: Lane, conn: AsyncConn) -> AsyncConn:
-        """Make ``conn`` (a new connection) ``lane``'s, closing any it had; returns it."""
-        if lane.conn is not None:
-            await aclose_quietly(lane.conn)
+        """Make ``conn`` (a new connection) ``lane``'s, in place of a closed one or none;
+        returns it."""
         lane.conn = conn
         # Once per connection, so a foreign key added while the worker runs is found at the
         # reconnect that its first failed pipeline causes.
