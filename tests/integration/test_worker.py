@@ -281,19 +281,30 @@ def test_three_workers_run_each_of_3000_jobs_exactly_once(clean: Engine, migrate
     lock = threading.Lock()
     executions: Counter[int] = Counter()
     by_worker: Counter[str] = Counter()
+    # The first jobs wait until every worker has started one: two workers that wake first could
+    # otherwise drain all 3000 in big claims before a third, slower on a loaded machine, claims
+    # at all. Until a job ends a worker holds only as many jobs as it has slots, so the others
+    # are left for the third.
+    all_in = threading.Event()
 
     def note(ctx: JobContext) -> None:
         with lock:
             executions[ctx.job_id] += 1
             by_worker[ctx.worker] += 1
+            if len(by_worker) == 3:
+                all_in.set()
 
     @jobs.kind("async_job", Ping)
     async def async_job(args: Ping, ctx: JobContext) -> None:
         note(ctx)
+        deadline = time.monotonic() + DEADLINE
+        while not all_in.is_set() and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
 
     @jobs.kind("sync_job", Pong)
     def sync_job(args: Pong, ctx: JobContext) -> None:
         note(ctx)
+        all_in.wait(DEADLINE)
 
     workers = [
         Worker(jobs, migrated_url, concurrency=4, poll_interval=0.2, name=f"w{i}") for i in range(3)
