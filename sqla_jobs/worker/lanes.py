@@ -6,6 +6,7 @@ that is not read). Lane 0 is the worker's first connection; lane ``k`` opens (la
 round trip only while ``k`` others are in flight, so an idle or lightly loaded worker uses one
 connection and a busy one keeps the server's work on several backends at once (one backend runs
 a connection's statements one after another, and with short jobs the slots would wait for it).
+A worker of one or two slots has one lane: see :data:`SECOND_LANE_FROM`.
 """
 
 from __future__ import annotations
@@ -40,6 +41,10 @@ log = logging.getLogger("sqla_jobs.worker")
 
 #: Claim connections of a busy worker: a second round trip goes out while the first is in flight.
 LANES = 2
+#: The fewest slots for which a worker has a second lane. Fewer keep up on one (a claim comes back
+#: before the prefetched jobs run out), and small workers are run many to a server, where each
+#: second claim backend takes a core from the others' claims (bench/README.md).
+SECOND_LANE_FROM = 3
 
 
 @dataclass(eq=False)
@@ -83,7 +88,9 @@ class Lanes:
         self._writer = OutcomeWriter(sql, config.keep_history, counts)
         #: Counts and logs a completion its handler's transaction committed.
         self.committed = self._writer.committed
-        self.lanes = [Lane(i) for i in range(LANES if config.concurrency > 1 else 1)]
+        self.lanes = [
+            Lane(i) for i in range(LANES if config.concurrency >= SECOND_LANE_FROM else 1)
+        ]
         self._queue_turn = 0
         #: A release of ``Holdings.give_back`` is in flight (on one lane at a time).
         self._giving_back = False

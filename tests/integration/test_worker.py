@@ -1336,6 +1336,29 @@ def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
     assert held.peak <= 4 + CAP, held.peak
 
 
+def test_a_worker_of_two_slots_drains_a_backlog_on_one_claim_connection(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs = Jobs()
+    executions: Counter[int] = Counter()
+
+    @jobs.kind("ping", Ping)
+    async def ping(args: Ping, ctx: JobContext) -> None:
+        executions[ctx.job_id] += 1
+
+    ids = enqueue(clean, jobs, [Ping(n=i) for i in range(3000)])
+    # Claims of 128: many round trips, each of which could have gone out beside another.
+    worker = Worker(jobs, migrated_url, concurrency=2, poll_interval=0.2, batch_size=128)
+    with running(worker):
+        wait_until(lambda: count(clean) == 0, "all 3000 jobs done", timeout=60)
+        assert "claim2" not in roles_of(clean, worker)
+    assert worker.lanes is not None
+    assert len(worker.lanes.lanes) == 1
+    assert worker.counts["done"] == 3000
+    assert set(executions) == set(ids)
+    assert max(executions.values()) == 1, "a job ran twice"
+
+
 def test_claims_in_flight_on_both_connections_never_take_more_than_the_room(
     clean: Engine, migrated_url: str
 ) -> None:
