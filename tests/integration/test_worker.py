@@ -1298,9 +1298,8 @@ def roles_of(engine: Engine, worker: Worker) -> list[str]:
         return sorted(n.split()[1] for n in names)
 
 
-def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
-    clean: Engine, migrated_url: str
-) -> None:
+def counting_pings() -> tuple[Jobs, Counter[int]]:
+    """A ``ping`` kind whose async handler counts its runs, by job id."""
     jobs = Jobs()
     executions: Counter[int] = Counter()
 
@@ -1308,6 +1307,13 @@ def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
     async def ping(args: Ping, ctx: JobContext) -> None:
         executions[ctx.job_id] += 1
 
+    return jobs, executions
+
+
+def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
+    clean: Engine, migrated_url: str
+) -> None:
+    jobs, executions = counting_pings()
     # No polling: a poll in flight when the NOTIFY comes lets the second lane claim the job (once
     # failed in CI). Parked, the listener's thread claims it.
     idle = Worker(jobs, migrated_url, concurrency=4, poll_interval=QUIET_POLL, name="idle")
@@ -1339,13 +1345,7 @@ def test_a_busy_worker_claims_on_a_second_connection_and_an_idle_one_does_not(
 def test_a_worker_of_two_slots_drains_a_backlog_on_one_claim_connection(
     clean: Engine, migrated_url: str
 ) -> None:
-    jobs = Jobs()
-    executions: Counter[int] = Counter()
-
-    @jobs.kind("ping", Ping)
-    async def ping(args: Ping, ctx: JobContext) -> None:
-        executions[ctx.job_id] += 1
-
+    jobs, executions = counting_pings()
     ids = enqueue(clean, jobs, [Ping(n=i) for i in range(3000)])
     # Claims of 128: many round trips, each of which could have gone out beside another.
     worker = Worker(jobs, migrated_url, concurrency=2, poll_interval=0.2, batch_size=128)
