@@ -21,6 +21,7 @@ from sqlalchemy.exc import DBAPIError, StatementError
 from sqlalchemy.orm import Mapper, Session, configure_mappers
 from sqlalchemy.orm.attributes import instance_state
 
+from sqla_jobs.db import direct
 from sqla_jobs.enqueue import copy_rows as _copy
 from sqla_jobs.enqueue import due as _due
 from sqla_jobs.enqueue import row as _row
@@ -240,9 +241,7 @@ def enqueue(
     conn = session.connection(bind_arguments=_JOB_BIND)
     values = job.values()
     stmt, params = _insert_one(session, job, values, run_at, delay, wakeup)
-    # first(), not one(): an INSERT of one row returns one row, and one() would fetch again to
-    # make sure.
-    filled = conn.execute(stmt, params, execution_options=_exec_options(schema)).first()
+    filled = direct.first(conn, stmt, params, schema)
     assert filled is not None
     return _attach(session, values, filled)
 
