@@ -1,11 +1,11 @@
 """The single-enqueue loops of :mod:`bench.enqueue` alone, for quick iteration:
 ``python -m bench.enqueue_ab [--loops enqueue,core_floor,...] [--n 3000] [--repeat 5]``.
 
-Runs the chosen one-transaction-per-job loops (:data:`bench.enqueue.SINGLE`) in this process,
-each in a fresh database, in an order that rotates with the repetition; prints each loop's txn/s
-and the process's CPU per transaction (all threads: the notifier's too), then for each pair of
-:data:`PAIRS` present the median of the same-repetition ratios with their range. The server is
-``DATABASE_URL``'s (else an embedded PostgreSQL).
+Runs the chosen one-transaction-per-job loops (:data:`bench.enqueue_loops.SINGLE`) in this
+process as ``python -m bench`` does: each repetition all of them at once, each in a fresh
+database, a block at a time in turns (:func:`bench.enqueue_loops.interleaved`). Prints each loop's
+txn/s, then for each pair of :data:`PAIRS` present the median of the same-repetition ratios with
+their range. The server is ``DATABASE_URL``'s (else an embedded PostgreSQL).
 """
 
 from __future__ import annotations
@@ -14,12 +14,10 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 from devdb import database_url
 
-from .dbs import fresh_database
-from .enqueue import SINGLE
+from .enqueue_loops import SINGLE, interleaved
 
 #: The ratios printed: (loop, the loop it is compared with).
 PAIRS = (
@@ -45,19 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     rates: dict[str, list[float]] = {n: [] for n in names}
     with database_url() as server:
         for rep in range(args.repeat):
-            shift = rep % len(names)
-            for name in names[shift:] + names[:shift]:
-                subject, fn = SINGLE[name]
-                with fresh_database(server, subject) as url:
-                    cpu = time.process_time()
-                    rate = fn(url, args.n)
-                    cpu = time.process_time() - cpu
-                rates[name].append(rate)
-                print(
-                    f"rep {rep + 1} {name:>16}: {rate:7,.0f} txn/s, "
-                    f"{cpu / args.n * 1e6:5.0f} us CPU/txn (load {os.getloadavg()[0]:.1f})",
-                    flush=True,
-                )
+            got = interleaved(server, names, args.n, first=rep)
+            for name in names:
+                rates[name].append(got[name])
+            print(
+                f"rep {rep + 1}: "
+                + ", ".join(f"{name} {got[name]:,.0f}" for name in names)
+                + f" txn/s (load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
     for name in names:
         print(f"{name:>16}: median {statistics.median(rates[name]):7,.0f} txn/s")
     for a, b in PAIRS:

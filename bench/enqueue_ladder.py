@@ -6,9 +6,9 @@ of ``jobs.enqueue`` than the step before, so the ratio between two neighbours is
 costs in place, caches as cold as the real enqueue leaves them (a part timed alone in a tight loop
 costs three to five times less):
 
-- ``core``: the Session Core floor (:func:`bench.enqueue.session_core_floor`);
-- ``statement``: the enqueue's own INSERT through ``Session.connection`` and ``Connection.execute``,
-  the payload serialised by ``json.dumps``;
+- ``core``: the Session Core floor (:func:`bench.enqueue_loops.session_core_floor`);
+- ``statement``: the enqueue's own INSERT through ``Session.connection`` and, as the enqueue sends
+  it, the driver's cursor (:mod:`sqla_jobs.db.direct`), the payload serialised by ``json.dumps``;
 - ``job``: and the ``Job`` built from it and attached to the Session (``insert._attach``), which
   the commit then expires;
 - ``validated``: and the payload validated and dumped by ``validate.serialize``;
@@ -36,13 +36,15 @@ from sqlalchemy.orm import Session
 
 from devdb import database_url
 from sqla_jobs import Jobs
+from sqla_jobs.db import direct
 from sqla_jobs.enqueue import insert as _insert
+from sqla_jobs.enqueue import notifier
 from sqla_jobs.enqueue import validate as _validate
 from sqla_jobs.sql.columns import NAMES
 
 from .app import KIND, Ping, make_engine, make_jobs, payload_dict
 from .dbs import fresh_database
-from .enqueue import CORE_ROW, core_insert
+from .enqueue_loops import CORE_ROW, core_insert
 
 WARMUP = 50
 Step = Callable[[Session, int], object]
@@ -61,7 +63,7 @@ def steps() -> dict[str, Step]:
         """The enqueue's INSERT of ``payload``: the row's values and what it returned."""
         params = {**row, "payload": payload, "run_at": None, "delay_us": 0}
         conn = s.connection(bind_arguments=_insert._JOB_BIND)
-        filled = conn.execute(_insert._INSERT_ONE_LEAN, params).first()
+        filled = direct.first(conn, _insert._INSERT_ONE_LEAN, params, None)
         return [params.get(name) for name in NAMES], filled
 
     def attach(s: Session, payload: str) -> object:
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                     rates[name].append(args.n / (time.perf_counter() - t0))
                     cpus[name].append((time.process_time() - cpu) / args.n * 1e6)
         finally:
+            # The last wakeups sent before the database is dropped, not lost with it (a warning).
+            notifier.flush_all()
             engine.dispose()
     previous = names[0]
     for name in names:
