@@ -24,6 +24,7 @@ from sqlalchemy.pool import NullPool
 from sqla_jobs import Jobs
 from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
 from tests.conftest import alembic_config
+from tests.integration._listening import ARRIVES, Heard
 
 
 class Ping(BaseModel):
@@ -56,7 +57,7 @@ def executed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def inserts(statements: list[str]) -> list[str]:
-    return [s for s in statements if s.lstrip().startswith("INSERT INTO")]
+    return [s for s in statements if "INSERT INTO" in s]
 
 
 def kill_backend(url: str, pid: int) -> None:
@@ -172,15 +173,63 @@ def test_a_connection_lost_before_the_insert_is_invalidated_and_not_reused(
 ) -> None:
     with Session(fresh) as session:
         kill_backend(migrated_url, session.execute(text("SELECT pg_backend_pid()")).scalar_one())
+        conn = session.connection()
         with pytest.raises(sa_exc.OperationalError) as lost:
             JOBS.enqueue(session, Ping(n=1))
         assert lost.value.connection_invalidated
+        assert conn.invalidated
         session.rollback()
     with Session(fresh) as session:
         kept = JOBS.enqueue(session, Ping(n=2)).id
         session.commit()
     assert inserts(executed) == []
     assert job_ids(clean) == [kept]
+
+
+def test_a_connection_closed_under_the_session_raises_sqlalchemys_error(
+    clean: Engine, fresh: Engine, executed: list[str]
+) -> None:
+    """The driver refuses a cursor on a closed connection: that too is SQLAlchemy's disconnect
+    error, and the connection is not handed out again."""
+    with Session(fresh) as session:
+        conn = session.connection()
+        conn.connection.driver_connection.close()  # type: ignore[union-attr]
+        with pytest.raises(sa_exc.DBAPIError) as lost:
+            JOBS.enqueue(session, Ping(n=1))
+        assert lost.value.connection_invalidated
+        assert conn.invalidated
+        session.rollback()
+    with Session(fresh) as session:
+        kept = JOBS.enqueue(session, Ping(n=2)).id
+        session.commit()
+    assert inserts(executed) == []
+    assert job_ids(clean) == [kept]
+
+
+def test_a_listener_on_the_sessions_connection_sees_the_insert(
+    clean: Engine, fresh: Engine
+) -> None:
+    seen: list[str] = []
+    with Session(fresh) as session:
+        conn = session.connection()
+        event.listen(conn, "before_cursor_execute", lambda c, cur, stmt, *a: seen.append(stmt))
+        job_id = JOBS.enqueue(session, Ping(n=1)).id
+        session.commit()
+    assert len(inserts(seen)) == 1
+    assert job_ids(clean) == [job_id]
+
+
+def test_the_insert_with_its_notify_folded_in_goes_straight_to_the_driver_too(
+    clean: Engine, fresh: Engine, executed: list[str], heard: Heard
+) -> None:
+    jobs = Jobs(wakeup="in_transaction")
+    jobs.register("ping", Ping)
+    with Session(fresh) as session:
+        job_id = jobs.enqueue(session, Ping(n=1)).id
+        session.commit()
+    assert inserts(executed) == []
+    assert job_ids(clean) == [job_id]
+    assert heard.within(ARRIVES) == ["default"]
 
 
 def test_an_async_connection_lost_before_the_insert_is_invalidated_and_not_reused(
