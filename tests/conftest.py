@@ -7,6 +7,7 @@ with a random name and drops it when done, so runs never see each other.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -32,6 +33,23 @@ def alembic_config(url: str) -> Config:
     cfg = Config(str(REPO / "alembic.ini"))
     cfg.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
     return cfg
+
+
+@contextlib.contextmanager
+def migrated_schema(engine: Engine, url: str, schema: str) -> Iterator[str]:
+    """Schema ``schema`` made afresh on ``url``'s database (``engine``'s), the migrations run
+    into it (their version table included); dropped afterwards."""
+    with engine.begin() as conn:
+        conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
+        conn.execute(text(f'CREATE SCHEMA "{schema}"'))
+    try:
+        cfg = alembic_config(url)
+        cfg.attributes["sqla_jobs_schema"] = schema
+        command.upgrade(cfg, "head")
+        yield schema
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE'))
 
 
 def create_database(server_url: str, prefix: str = "sqla_jobs_test") -> str:

@@ -18,7 +18,6 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import psycopg
 import pytest
-from alembic import command
 from psycopg import sql
 from pydantic import BaseModel
 from sqlalchemy import Connection, Engine, create_engine, event, inspect, make_url, text
@@ -43,7 +42,7 @@ from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
 from sqla_jobs.enqueue import notifier as _notifier
 from sqla_jobs.enqueue.insert import CHUNK, COPY_THRESHOLD, enqueue_many
 from sqla_jobs.enqueue.validate import Batch, Prepared
-from tests.conftest import alembic_config
+from tests.conftest import migrated_schema
 
 UTC = timezone.utc
 
@@ -1448,19 +1447,9 @@ def test_enqueue_async_refuses_bad_input_and_keeps_the_transaction_usable(
 
 @pytest.fixture
 def alt_schema(clean: Engine, migrated_url: str) -> Iterator[str]:
-    """The migrations run into schema ``sqla_jobs_alt`` (their version table included);
-    dropped afterwards."""
-    with clean.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA IF EXISTS "{ALT_SCHEMA}" CASCADE'))
-        conn.execute(text(f'CREATE SCHEMA "{ALT_SCHEMA}"'))
-    try:
-        cfg = alembic_config(migrated_url)
-        cfg.attributes["sqla_jobs_schema"] = ALT_SCHEMA
-        command.upgrade(cfg, "head")
-        yield ALT_SCHEMA
-    finally:
-        with clean.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA IF EXISTS "{ALT_SCHEMA}" CASCADE'))
+    """The migrations run into schema ``sqla_jobs_alt``; dropped afterwards."""
+    with migrated_schema(clean, migrated_url, ALT_SCHEMA) as schema:
+        yield schema
 
 
 def test_a_schema_jobs_enqueues_into_that_schema_and_notifies_its_channel(

@@ -13,7 +13,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from alembic import command
 from pydantic import BaseModel
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy import exc as sa_exc
@@ -23,7 +22,7 @@ from sqlalchemy.pool import NullPool
 
 from sqla_jobs import Jobs
 from sqla_jobs.db.urls import libpq_conninfo, sqlalchemy_url
-from tests.conftest import alembic_config
+from tests.conftest import migrated_schema
 from tests.integration._listening import ARRIVES, Heard
 
 
@@ -168,32 +167,28 @@ def test_a_row_the_database_refuses_raises_sqlalchemys_error_and_the_session_goe
     assert job_ids(clean) == [kept]
 
 
-def test_a_connection_lost_before_the_insert_is_invalidated_and_not_reused(
-    clean: Engine, fresh: Engine, migrated_url: str, executed: list[str]
-) -> None:
-    with Session(fresh) as session:
-        kill_backend(migrated_url, session.execute(text("SELECT pg_backend_pid()")).scalar_one())
-        conn = session.connection()
-        with pytest.raises(sa_exc.OperationalError) as lost:
-            JOBS.enqueue(session, Ping(n=1))
-        assert lost.value.connection_invalidated
-        assert conn.invalidated
-        session.rollback()
-    with Session(fresh) as session:
-        kept = JOBS.enqueue(session, Ping(n=2)).id
-        session.commit()
-    assert inserts(executed) == []
-    assert job_ids(clean) == [kept]
+def _kill_on_the_server(session: Session, url: str) -> None:
+    kill_backend(url, session.execute(text("SELECT pg_backend_pid()")).scalar_one())
 
 
-def test_a_connection_closed_under_the_session_raises_sqlalchemys_error(
-    clean: Engine, fresh: Engine, executed: list[str]
+def _close_under_the_session(session: Session, url: str) -> None:
+    # psycopg then refuses the cursor itself, before any statement.
+    session.connection().connection.driver_connection.close()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "lose", [_kill_on_the_server, _close_under_the_session], ids=["killed", "closed"]
+)
+def test_a_lost_connection_is_sqlalchemys_disconnect_error_and_not_reused(
+    clean: Engine,
+    fresh: Engine,
+    migrated_url: str,
+    executed: list[str],
+    lose: Callable[[Session, str], None],
 ) -> None:
-    """The driver refuses a cursor on a closed connection: that too is SQLAlchemy's disconnect
-    error, and the connection is not handed out again."""
     with Session(fresh) as session:
         conn = session.connection()
-        conn.connection.driver_connection.close()  # type: ignore[union-attr]
+        lose(session, migrated_url)
         with pytest.raises(sa_exc.DBAPIError) as lost:
             JOBS.enqueue(session, Ping(n=1))
         assert lost.value.connection_invalidated
@@ -259,17 +254,8 @@ def test_an_async_connection_lost_before_the_insert_is_invalidated_and_not_reuse
 
 @pytest.fixture
 def schema(clean: Engine, migrated_url: str) -> Iterator[str]:
-    with clean.begin() as conn:
-        conn.execute(text(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE'))
-        conn.execute(text(f'CREATE SCHEMA "{SCHEMA}"'))
-    try:
-        cfg = alembic_config(migrated_url)
-        cfg.attributes["sqla_jobs_schema"] = SCHEMA
-        command.upgrade(cfg, "head")
-        yield SCHEMA
-    finally:
-        with clean.begin() as conn:
-            conn.execute(text(f'DROP SCHEMA IF EXISTS "{SCHEMA}" CASCADE'))
+    with migrated_schema(clean, migrated_url, SCHEMA) as made:
+        yield made
 
 
 def test_an_engines_schema_translate_map_still_places_the_job(
