@@ -83,24 +83,6 @@ def test_with_nothing_listening_the_insert_does_not_go_through_connection_execut
     assert job_ids(clean) == [job_id]
 
 
-def test_an_async_enqueue_with_nothing_listening_skips_it_too(
-    clean: Engine, migrated_url: str, executed: list[str]
-) -> None:
-    async def scenario() -> int:
-        engine = create_async_engine(sqlalchemy_url(migrated_url), poolclass=NullPool)
-        try:
-            async with AsyncSession(engine) as session:
-                job_id = (await JOBS.enqueue_async(session, Ping(n=1))).id
-                await session.commit()
-                return job_id
-        finally:
-            await engine.dispose()
-
-    job_id = asyncio.run(scenario())
-    assert inserts(executed) == []
-    assert job_ids(clean) == [job_id]
-
-
 def _engine_event(engine: Engine, seen: list[str]) -> None:
     event.listen(engine, "before_cursor_execute", lambda c, cur, stmt, *a: seen.append(stmt))
 
@@ -227,7 +209,7 @@ def test_the_insert_with_its_notify_folded_in_goes_straight_to_the_driver_too(
     assert heard.within(ARRIVES) == ["default"]
 
 
-def test_an_async_connection_lost_before_the_insert_is_invalidated_and_not_reused(
+def test_an_async_enqueue_goes_direct_and_a_lost_connection_is_not_reused(
     clean: Engine, migrated_url: str, executed: list[str]
 ) -> None:
     async def scenario() -> int:
