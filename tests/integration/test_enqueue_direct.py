@@ -64,6 +64,14 @@ def kill_backend(url: str, pid: int) -> None:
         killer.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
 
 
+def enqueue_one(engine: Engine, jobs: Jobs = JOBS) -> int:
+    """Enqueue one job in a Session transaction of its own on ``engine``, committed; its id."""
+    with Session(engine) as session:
+        job_id = jobs.enqueue(session, Ping(n=1)).id
+        session.commit()
+    return job_id
+
+
 @pytest.fixture
 def fresh(clean: Engine, migrated_url: str) -> Iterator[Engine]:
     """An engine of its own: once a listener was added to an engine (the suite's shared one,
@@ -76,9 +84,7 @@ def fresh(clean: Engine, migrated_url: str) -> Iterator[Engine]:
 def test_with_nothing_listening_the_insert_does_not_go_through_connection_execute(
     clean: Engine, fresh: Engine, executed: list[str]
 ) -> None:
-    with Session(fresh) as session:
-        job_id = JOBS.enqueue(session, Ping(n=1)).id
-        session.commit()
+    job_id = enqueue_one(fresh)
     assert inserts(executed) == []
     assert job_ids(clean) == [job_id]
 
@@ -103,9 +109,7 @@ def test_a_listener_sees_the_insert(
     seen: list[str] = []
     observer(engine, seen)
     try:
-        with Session(engine) as session:
-            job_id = JOBS.enqueue(session, Ping(n=1)).id
-            session.commit()
+        job_id = enqueue_one(engine)
     finally:
         engine.dispose()
     assert len(inserts(seen)) == 1
@@ -201,9 +205,7 @@ def test_the_insert_with_its_notify_folded_in_goes_straight_to_the_driver_too(
 ) -> None:
     jobs = Jobs(wakeup="in_transaction")
     jobs.register("ping", Ping)
-    with Session(fresh) as session:
-        job_id = jobs.enqueue(session, Ping(n=1)).id
-        session.commit()
+    job_id = enqueue_one(fresh, jobs)
     assert inserts(executed) == []
     assert job_ids(clean) == [job_id]
     assert heard.within(ARRIVES) == ["default"]
@@ -247,9 +249,7 @@ def test_an_engines_schema_translate_map_still_places_the_job(
         schema_translate_map={None: schema}
     )
     try:
-        with Session(engine) as session:
-            job_id = JOBS.enqueue(session, Ping(n=1)).id
-            session.commit()
+        job_id = enqueue_one(engine)
     finally:
         engine.dispose()
     assert job_ids(clean, schema) == [job_id]
@@ -261,9 +261,7 @@ def test_a_schema_jobs_inserts_into_its_schema(
 ) -> None:
     jobs = Jobs(schema=schema)
     jobs.register("ping", Ping)
-    with Session(fresh) as session:
-        job_id = jobs.enqueue(session, Ping(n=1)).id
-        session.commit()
+    job_id = enqueue_one(fresh, jobs)
     assert inserts(executed) == []
     assert job_ids(clean, schema) == [job_id]
     assert job_ids(clean) == []
