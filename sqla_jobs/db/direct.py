@@ -46,8 +46,12 @@ def first(
             return _first(conn, driver, sql, params)
         if sql is not None and isinstance(driver, psycopg.AsyncConnection):
             return _first_async(conn, driver, sql, params)
-    options = {} if schema is None else {"schema_translate_map": {None: schema}}
-    return conn.execute(stmt, params, execution_options=options).first()
+    return conn.execute(stmt, params, execution_options=exec_options(schema)).first()
+
+
+def exec_options(schema: str | None) -> dict[str, Any]:
+    """The execution options that put the job table in ``schema``."""
+    return {} if schema is None else {"schema_translate_map": {None: schema}}
 
 
 def _unobserved(conn: Connection) -> bool:

@@ -69,10 +69,6 @@ def _many_params(batch: Batch, run_at: datetime | None, delay: timedelta) -> dic
     return params
 
 
-def _exec_options(schema: str | None) -> dict[str, Any]:
-    return {} if schema is None else {"schema_translate_map": {None: schema}}
-
-
 def _notified(session: Session) -> set[str]:
     """The queues already woken (or planned to be) in the session's current (innermost)
     transaction: one wakeup per queue and transaction is enough. Keyed on the innermost
@@ -272,7 +268,7 @@ def enqueue_many(
     first = next(chunks, None)
     if first is None:
         return []
-    opts = _exec_options(schema)
+    opts = direct.exec_options(schema)
     conn = session.connection(bind_arguments=_JOB_BIND)
     queues = dict.fromkeys(first.column("queue"))
     ids = None

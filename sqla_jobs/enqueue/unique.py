@@ -15,12 +15,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from sqla_jobs.db.direct import exec_options
 from sqla_jobs.enqueue.due import announce
 from sqla_jobs.enqueue.insert import (
     _JOB_BIND,
     _ONE_US,
     _attach,
-    _exec_options,
     _many_params,
     _one_params,
     wake,
@@ -76,7 +76,7 @@ def enqueue(
     ``on_conflict="raise"`` with nothing written."""
     assert job.unique is not None
     conn = session.connection(bind_arguments=_JOB_BIND)
-    options = _exec_options(schema)
+    options = exec_options(schema)
     values = job.values()
     params = {**_one_params(values, run_at, delay), **_unique_params(job.unique)}
     replace = on_conflict == "replace"
@@ -180,7 +180,7 @@ def enqueue_many(
             [whole.column("queue")[i] for i in reps if inserted[i] or replaced[i]],
             run_at,
             delay,
-            _exec_options(schema),
+            exec_options(schema),
         )
         for i in dupes:
             ids[i] = ids[first[keys[i].key]]  # type: ignore[union-attr]
@@ -209,7 +209,7 @@ def _insert_unique(
     replaced), the id being the holder's for a key that was taken."""
     assert whole.unique is not None
     conn = session.connection(bind_arguments=_JOB_BIND)
-    options = _exec_options(schema)
+    options = exec_options(schema)
     replace = on_conflict == "replace"
     done: dict[int, tuple[int, bool, bool]] = {}
     todo = reps
