@@ -12,12 +12,11 @@ against the batched loop), with the worker's and the server's CPU per job; run i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+from .trees import run_in_tree
 
 _ONE = """
 import json, sys
@@ -36,18 +35,9 @@ def drain(
     tree: Path, impl: str, concurrency: int, processes: int, jobs: int, limited: bool = False
 ) -> dict[str, float]:
     """One drain by ``impl`` with ``tree``'s code: jobs/s and CPU per job."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
     args = [os.environ["DATABASE_URL"], impl, str(concurrency), str(processes), str(jobs)]
     args.append("limited" if limited else "plain")
-    out = subprocess.run(
-        [sys.executable, "-c", _ONE, *args],
-        cwd=tree,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    result: dict[str, float] = run_in_tree(tree, _ONE, *args)
     return result
 
 

@@ -14,12 +14,11 @@ machine); ``DATABASE_URL`` names the server.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 from pathlib import Path
+
+from .trees import run_in_tree
 
 _ONE = """
 import contextlib, json, sys
@@ -47,16 +46,8 @@ print(json.dumps(rates))
 
 def run_tree(tree: Path, backlog: str, reps: int) -> dict[str, list[float]]:
     """One tree's drains of ``backlog``: jobs/s by subject, one per repetition."""
-    env = {**os.environ, "PYTHONPATH": str(tree)}
-    out = subprocess.run(
-        [sys.executable, "-c", _ONE, os.environ["DATABASE_URL"], backlog, str(reps)],
-        cwd=tree,
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    rates: dict[str, list[float]] = json.loads(out.strip().splitlines()[-1])
+    args = (os.environ["DATABASE_URL"], backlog, str(reps))
+    rates: dict[str, list[float]] = run_in_tree(tree, _ONE, *args)
     return rates
 
 
