@@ -122,7 +122,7 @@ def _compile(dialect: Dialect, stmt: Executable, schema: str | None) -> str | No
     own, or a result processor."""
     if type(dialect) not in (PGDialect_psycopg, PGDialectAsync_psycopg):
         return None
-    translate = {} if schema is None else {"schema_translate_map": {None: schema}}
+    translate = exec_options(schema)
     compiled = stmt.compile(dialect=dialect, render_schema_translate=bool(translate), **translate)  # type: ignore[attr-defined]
     assert isinstance(compiled, SQLCompiler)
     if (
