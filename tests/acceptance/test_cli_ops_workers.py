@@ -20,8 +20,9 @@ Spawn = Callable[..., WorkerProcess]
 TARGET = "tests.acceptance.ops_app:jobs"
 #: A poll interval no test waits for: only a NOTIFY explains what happens before it.
 SLOW_POLL = ("--poll-interval", "30", "--queues", "ops,witness")
-#: How long a worker may take to act on a command once it has run.
-PROMPT = 3.0
+#: How long a worker may take to act on a command once it has run: a third of the poll, so only
+#: the command's NOTIFY explains it, with room for a loaded host's scheduling.
+PROMPT = 10.0
 
 
 def enqueue(engine: Engine, kind: str, tag: str, queue: str | None = None) -> int:

@@ -1,5 +1,5 @@
 """The repository's demo (``python -m demo``, ``nox -s demo``) tells the design's story on a real
-server, in under a minute, and cleans up."""
+server and cleans up. How long it takes is the host's speed, not asserted here."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psycopg
@@ -27,7 +26,6 @@ def test_demo_runs_every_step_on_its_own_database_and_drops_it(server_url: str) 
     """Every step, with the queue in a schema of its own: the tables exist only there, so a read
     of the demo's that ignored ``Jobs(schema=...)`` would fail the run."""
     env = {**os.environ, "DATABASE_URL": server_url}
-    started = time.monotonic()
     proc = subprocess.run(
         [sys.executable, "-m", "demo", "--schema", "demo_queue"],
         cwd=REPO,
@@ -37,10 +35,8 @@ def test_demo_runs_every_step_on_its_own_database_and_drops_it(server_url: str) 
         timeout=120,
         check=False,
     )
-    elapsed = time.monotonic() - started
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
-    assert elapsed < 60, f"the demo took {elapsed:.1f}s"
 
     # 2: the shipped migrations, in the schema asked for.
     _search(r"created schema demo_queue for the queue: Jobs\(schema='demo_queue'\)$", out)
