@@ -172,7 +172,10 @@ def test_a_claim_killed_mid_statement_loses_no_job_and_the_worker_reconnects(
     ids: list[int] = []
     with (
         gated(migrated_url, "UPDATE", "OLD.state = 'pending' AND NEW.state = 'running'") as gate,
-        one_worker(migrated_url, tmp_path) as (fleet, worker),
+        # At DEBUG: a lane whose last claim began before the previous fault's outage and which
+        # is killed before it worked again logs the fault as that outage's echo, at DEBUG (a
+        # race on a loaded host). Every fault must still be logged, once or twice.
+        one_worker(migrated_url, tmp_path, *OPTIONS, "--log-level", "debug") as (fleet, worker),
     ):
         for _ in range(ROUNDS):
             gate.hold()
